@@ -1,0 +1,3 @@
+from profattr.cli import main
+
+main()

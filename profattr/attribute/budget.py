@@ -1,0 +1,222 @@
+"""The per-step time budget: for each GPU, how long a decode step takes and where that time goes.
+
+Definitions (all per device, over the steps that launched work on it):
+- span of a step: first start to last end of the GPU work launched in that step;
+- `step_ms`: median span; `mean_step_ms`: mean span;
+- busy: length of the union of the step's kernel and memory intervals (streams may overlap);
+- `idle_ms_per_step` = mean span - mean busy (GPU waiting inside the step: launch gaps, syncs, CPU work);
+- `overlap_ms_per_step` = mean summed op time - mean busy (time during which two streams ran at once);
+  so `mean_step_ms = sum(category ms) - overlap + idle` holds exactly;
+- category / kernel `ms_per_step`: summed durations over the steps, divided by the number of steps.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+
+from profattr.attribute.graphs import context_points
+from profattr.attribute.nvtx import Ranges, enclosed, load_ranges
+from profattr.attribute.ops import KIND_KERNEL, Ops, load_ops, memop_name
+from profattr.attribute.steps import Steps, find_steps
+from profattr.taxonomy.classify import load_rules
+from profattr.trace.reader import Export, open_export, resolve_capture
+
+SCHEMA = "profattr.budget/1"
+NS_PER_MS = 1e6
+
+
+@dataclass
+class Attribution:
+    """Everything the budget knows per GPU op, for later stages (diff, layers, comm): parallel arrays."""
+
+    ops: Ops
+    step: np.ndarray  # step index per op, -1 outside every step
+    combo: np.ndarray  # index into `combos` per op
+    combos: pd.DataFrame  # one row per distinct (name, context): name, demangled, category, family
+    steps: Steps
+    ranges: Ranges
+    context_method: str
+
+
+@dataclass
+class Budget:
+    path: str
+    nsys_version: str | None
+    schema_version: str | None
+    gpus: list
+    steps_source: str
+    steps_reason: str
+    steps_count: int
+    devices: list  # list of dicts, see to_dict()
+    per_step: pd.DataFrame  # device, step, start_ns, end_ns, span_ns, busy_ns, op_ns, kernels
+    per_step_category: pd.DataFrame  # device, step, category, ns, count
+    attribution: Attribution | None = field(default=None, repr=False)
+    context_method: str = "launch"
+
+    def to_dict(self) -> dict:
+        return {
+            "schema": SCHEMA,
+            "capture": {"path": self.path, "nsys_version": self.nsys_version,
+                        "export_schema_version": self.schema_version, "gpus": self.gpus},
+            "steps": {"source": self.steps_source, "count": self.steps_count, "reason": self.steps_reason},
+            "nvtx_context": self.context_method,
+            "devices": self.devices,
+        }
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    def device(self, device: int) -> dict:
+        return next(d for d in self.devices if d["device"] == device)
+
+
+def compute_budget(path, steps: str = "auto", rules: Sequence = (), force: bool = False,
+                   keep_attribution: bool = False) -> Budget:
+    """Read a capture (.sqlite, or .nsys-rep exported on demand) and compute its per-step budget."""
+    sqlite_path = resolve_capture(path, force=force)
+    ruleset = load_rules(rules)
+    with open_export(sqlite_path) as export:
+        attribution = attribute(export, steps, ruleset)
+        budget = summarize(export, attribution)
+    if keep_attribution:
+        budget.attribution = attribution
+    return budget
+
+
+def attribute(export: Export, steps_spec: str, ruleset) -> Attribution:
+    """Link every GPU op to its step and its category."""
+    ops = load_ops(export)
+    ranges = load_ranges(export)
+    steps = find_steps(export, steps_spec, ranges, ops.launch_tid, ops.launch_ns)
+    step = steps.assign(ops.launch_tid, ops.launch_ns)
+    ctx_tid, ctx_ns, method = context_points(export, ops)
+    combo, combos = classify_ops(export, ops, ranges, ruleset, ctx_tid, ctx_ns)
+    return Attribution(ops=ops, step=step, combo=combo, combos=combos, steps=steps, ranges=ranges,
+                       context_method=method)
+
+
+def classify_ops(export: Export, ops: Ops, ranges: Ranges, ruleset, ctx_tid, ctx_ns):
+    """Category per op. Names are classified once per distinct (name, NVTX context) pair, never per row."""
+    patterns = list(ruleset.context_patterns)
+    mask = np.zeros(len(ops), dtype=np.int64)
+    frame = ranges.frame
+    for bit, pattern in enumerate(patterns):
+        sel = frame[frame["text"].str.contains(pattern, regex=True)] if len(frame) else frame
+        if len(sel):
+            hit = enclosed(sel["tid"].to_numpy(), sel["start"].to_numpy(), sel["end"].to_numpy(), ctx_tid, ctx_ns)
+            mask |= hit.astype(np.int64) << bit
+    key = np.stack([ops.demangled_id, ops.name_id, mask], axis=1)
+    uniq, combo = np.unique(key, axis=0, return_inverse=True)
+    combo = combo.reshape(-1)
+    strings = export.strings(np.concatenate([uniq[:, 0], uniq[:, 1]]))
+    rows = []
+    for dem_id, short_id, m in uniq:
+        if dem_id < 0:  # memory op
+            name = memop_name(int(dem_id))
+            rows.append((name, name, "memory.set" if dem_id == -100 else "memory.copy", "cuda_memory"))
+            continue
+        demangled = strings.get(int(dem_id)) or strings.get(int(short_id)) or f"<string {dem_id}>"
+        short = strings.get(int(short_id)) or demangled
+        contexts = frozenset(p for b, p in enumerate(patterns) if (int(m) >> b) & 1)
+        rule = ruleset.match(demangled, contexts)
+        if rule is None and short != demangled:
+            rule = ruleset.match(short, contexts)
+        rows.append((short, demangled, rule.category if rule else "unclassified",
+                     (rule.family or "") if rule else ""))
+    combos = pd.DataFrame(rows, columns=["name", "demangled", "category", "family"])
+    return combo, combos
+
+
+def _union_busy(group: np.ndarray, start: np.ndarray, end: np.ndarray, n_groups: int) -> np.ndarray:
+    """Length of the union of intervals per group, vectorised: sort by (group, start), running max of ends."""
+    if len(start) == 0:
+        return np.zeros(n_groups, dtype=np.int64)
+    origin = start.min()
+    width = int(end.max() - origin) + 1
+    order = np.lexsort((start, group))
+    g, s, e = group[order], start[order] - origin, end[order] - origin
+    offset = g * width  # groups never mix: every value of a later group is larger
+    cummax = np.maximum.accumulate(e + offset)
+    prev = np.empty_like(cummax)
+    prev[0] = -1
+    prev[1:] = cummax[:-1]
+    contrib = np.clip(e + offset - np.maximum(s + offset, prev), 0, None)
+    return np.bincount(g, weights=contrib, minlength=n_groups).round().astype(np.int64)
+
+
+def summarize(export: Export, att: Attribution) -> Budget:
+    ops, step = att.ops, att.step
+    inside = step >= 0
+    dev, stp = ops.device[inside], step[inside]
+    start, end = ops.start[inside], ops.end[inside]
+    dur = end - start
+    is_kernel = ops.kind[inside] == KIND_KERNEL
+    combo = att.combo[inside]
+    # one group per (device, step)
+    pair = np.stack([dev, stp], axis=1)
+    pairs, group = np.unique(pair, axis=0, return_inverse=True)
+    group = group.reshape(-1)
+    n_groups = len(pairs)
+    span_start = np.full(n_groups, np.iinfo(np.int64).max)
+    np.minimum.at(span_start, group, start) if n_groups else None
+    span_end = np.zeros(n_groups, dtype=np.int64)
+    np.maximum.at(span_end, group, end) if n_groups else None
+    busy = _union_busy(group, start, end, n_groups)
+    per_step = pd.DataFrame({
+        "device": pairs[:, 0] if n_groups else [], "step": pairs[:, 1] if n_groups else [],
+        "start_ns": span_start, "end_ns": span_end, "span_ns": span_end - span_start, "busy_ns": busy,
+        "op_ns": np.bincount(group, weights=dur, minlength=n_groups).round().astype(np.int64),
+        "kernels": np.bincount(group, weights=is_kernel, minlength=n_groups).astype(np.int64),
+    })
+    category_of_combo = att.combos["category"].to_numpy()
+    op_frame = pd.DataFrame({"device": dev, "step": stp, "combo": combo, "dur": dur})
+    per_step_category = (op_frame.assign(category=category_of_combo[combo])
+                         .groupby(["device", "step", "category"], sort=True)["dur"]
+                         .agg(ns="sum", count="size").reset_index())
+    per_combo = op_frame.groupby(["device", "combo"], sort=True)["dur"].agg(ns="sum", count="size").reset_index()
+
+    # work outside every step, per device (reported so nothing silently disappears)
+    outside = pd.DataFrame({"device": ops.device[~inside], "dur": ops.duration_ns[~inside]})
+    outside = outside.groupby("device")["dur"].agg(ns="sum", count="size")
+
+    devices = []
+    for device in sorted(set(per_step["device"].tolist())):
+        d_steps = per_step[per_step["device"] == device]
+        n = len(d_steps)
+        combos = per_combo[per_combo["device"] == device].merge(att.combos, left_on="combo", right_index=True)
+        total_op_ns = float(combos["ns"].sum())
+        kernels = (combos.groupby(["name", "demangled", "category", "family"], sort=False)[["ns", "count"]]
+                   .sum().reset_index().sort_values("ns", ascending=False))
+        cats = (combos.groupby("category")[["ns", "count"]].sum().reset_index()
+                .sort_values("ns", ascending=False))
+        uncl_ns = float(cats.loc[cats["category"] == "unclassified", "ns"].sum())
+        mean_span = float(d_steps["span_ns"].mean()) / NS_PER_MS
+        mean_busy = float(d_steps["busy_ns"].mean()) / NS_PER_MS
+        kernel_only = kernels[~kernels["category"].str.startswith("memory.")]
+        devices.append({
+            "device": int(device),
+            "steps": n,
+            "step_ms": float(np.median(d_steps["span_ns"].to_numpy())) / NS_PER_MS,
+            "mean_step_ms": mean_span,
+            "busy_ms_per_step": mean_busy,
+            "idle_ms_per_step": mean_span - mean_busy,
+            "overlap_ms_per_step": total_op_ns / n / NS_PER_MS - mean_busy,
+            "kernels_per_step": float(kernel_only["count"].sum()) / n,
+            "memops_per_step": float(kernels["count"].sum() - kernel_only["count"].sum()) / n,
+            "categories": [{"category": r.category, "ms_per_step": r.ns / n / NS_PER_MS,
+                            "count_per_step": r.count / n} for r in cats.itertuples()],
+            "kernels": [{"name": r.name, "demangled": r.demangled, "category": r.category, "family": r.family,
+                         "ms_per_step": r.ns / n / NS_PER_MS, "count_per_step": r.count / n}
+                        for r in kernels.itertuples()],
+            "unclassified_share": uncl_ns / total_op_ns if total_op_ns else 0.0,
+            "outside_steps": {"ops": int(outside["count"].get(device, 0)),
+                              "ms": float(outside["ns"].get(device, 0)) / NS_PER_MS},
+        })
+    return Budget(path=str(export.path), nsys_version=export.nsys_version, schema_version=export.schema_version,
+                  gpus=export.gpus, steps_source=att.steps.source, steps_reason=att.steps.reason,
+                  steps_count=len(att.steps), devices=devices, per_step=per_step,
+                  per_step_category=per_step_category, context_method=att.context_method)

@@ -1,0 +1,107 @@
+"""NVTX ranges of a capture, and the question "which ranges enclose this CPU time on this thread?".
+
+This is nsys's NVTX GPU projection: GPU work belongs to the ranges open on the launching thread when the launch
+call started (inclusive at both ends, as nsys's SQL reports treat it).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from profattr.trace.reader import NVTX, Export, load_query
+
+
+@dataclass
+class Ranges:
+    """Closed NVTX ranges as a DataFrame with columns start, end, tid, text, domain (name or '')."""
+
+    frame: pd.DataFrame
+
+    def __len__(self) -> int:
+        return len(self.frame)
+
+    def named(self, pattern: str, regex: bool = False) -> pd.DataFrame:
+        """Ranges whose text equals `pattern` (or matches it with `regex`); `text@domain` selects a domain."""
+        frame = self.frame
+        text, _, domain = pattern.partition("@")
+        if domain:
+            frame = frame[frame["domain"] == domain]
+        if regex:
+            return frame[frame["text"].str.contains(text, regex=True)]
+        return frame[frame["text"] == text]
+
+
+def load_ranges(export: Export) -> Ranges:
+    """All closed push/pop and start/end ranges (empty frame when the capture has no NVTX)."""
+    empty = pd.DataFrame({"start": np.zeros(0, np.int64), "end": np.zeros(0, np.int64),
+                          "tid": np.zeros(0, np.int64), "text": pd.Series([], dtype=object),
+                          "domain": pd.Series([], dtype=object)})
+    if not export.has(NVTX):
+        return Ranges(empty)
+    cols = export.columns(NVTX)
+    text_id = "n.textId" if "textId" in cols else "NULL"
+    same_thread = "n.endGlobalTid IS NULL" if "endGlobalTid" in cols else "1"
+    rows = export.query(load_query("nvtx_ranges", text_id=text_id, same_thread=same_thread))
+    if not rows:
+        return Ranges(empty)
+    frame = pd.DataFrame(rows, columns=["start", "end", "tid", "text", "domain_id"])
+    domains = {(int(d), int(p)): t for d, p, t in export.query(load_query("nvtx_domains")) if t}
+    pid = frame["tid"].to_numpy() & ~0xFFFFFF
+    frame["domain"] = [domains.get((int(d), int(p)), "") if d else ""
+                       for d, p in zip(frame["domain_id"].to_numpy(), pid)] if domains else ""
+    return Ranges(frame.drop(columns="domain_id"))
+
+
+def enclosed(range_tid: np.ndarray, range_start: np.ndarray, range_end: np.ndarray,
+             tid: np.ndarray, t_ns: np.ndarray) -> np.ndarray:
+    """Boolean per query point: is (tid, t_ns) inside at least one of the given ranges of the same thread?
+
+    Ranges may nest or overlap: per thread, sort by start and keep the running maximum of the ends; a point is
+    covered when the running maximum end of all ranges starting at or before it reaches it.
+    """
+    out = np.zeros(len(t_ns), dtype=bool)
+    if len(range_start) == 0 or len(t_ns) == 0:
+        return out
+    for thread in np.unique(range_tid):
+        sel = range_tid == thread
+        order = np.argsort(range_start[sel], kind="stable")
+        starts = range_start[sel][order]
+        max_end = np.maximum.accumulate(range_end[sel][order])
+        q = np.flatnonzero(tid == thread)
+        if len(q) == 0:
+            continue
+        pos = np.searchsorted(starts, t_ns[q], side="right") - 1
+        ok = pos >= 0
+        covered = np.zeros(len(q), dtype=bool)
+        covered[ok] = max_end[pos[ok]] >= t_ns[q][ok]
+        out[q] = covered
+    return out
+
+
+def innermost(range_tid: np.ndarray, range_start: np.ndarray, range_end: np.ndarray,
+              tid: np.ndarray, t_ns: np.ndarray) -> np.ndarray:
+    """Index (into the given ranges) of the range that holds each point, -1 when none.
+
+    For ranges that do not overlap each other on a thread (decode steps, layers), this is the one range that
+    contains the point; where they nest, the latest-starting range that still contains it.
+    """
+    out = np.full(len(t_ns), -1, dtype=np.int64)
+    if len(range_start) == 0 or len(t_ns) == 0:
+        return out
+    for thread in np.unique(range_tid):
+        idx = np.flatnonzero(range_tid == thread)
+        idx = idx[np.argsort(range_start[idx], kind="stable")]
+        starts, ends = range_start[idx], range_end[idx]
+        q = np.flatnonzero(tid == thread)
+        if len(q) == 0:
+            continue
+        pos = np.searchsorted(starts, t_ns[q], side="right") - 1
+        ok = pos >= 0
+        hit = np.zeros(len(q), dtype=bool)
+        hit[ok] = ends[pos[ok]] >= t_ns[q][ok]
+        res = np.full(len(q), -1, dtype=np.int64)
+        res[hit] = idx[pos[hit]]
+        out[q] = res
+    return out

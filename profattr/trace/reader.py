@@ -1,0 +1,179 @@
+"""Open an Nsight Systems SQLite export read-only and describe what it holds.
+
+Exports differ between nsys versions (2022.x to 2026.x): tables exist only when they have rows ("lazy" export),
+columns come and go, the metadata table was renamed. Everything here probes `sqlite_master` and
+`pragma table_info` instead of assuming a layout.
+"""
+from __future__ import annotations
+
+import itertools
+import sqlite3
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from profattr.errors import ProfattrError
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+KERNEL = "CUPTI_ACTIVITY_KIND_KERNEL"
+RUNTIME = "CUPTI_ACTIVITY_KIND_RUNTIME"
+MEMCPY = "CUPTI_ACTIVITY_KIND_MEMCPY"
+MEMSET = "CUPTI_ACTIVITY_KIND_MEMSET"
+NVTX = "NVTX_EVENTS"
+QUERIES_DIR = Path(__file__).resolve().parent.parent / "queries"
+
+
+def load_query(name: str, **fragments: str) -> str:
+    """The SQL text of `queries/<name>.sql`, with `{fragment}` placeholders filled (for optional columns)."""
+    path = QUERIES_DIR / f"{name}.sql"
+    text = path.read_text()
+    return text.format(**fragments) if fragments else text
+
+
+@dataclass
+class Export:
+    """A read-only view of one nsys SQLite export."""
+
+    path: Path
+    conn: sqlite3.Connection
+    tables: set = field(default_factory=set)
+    schema_version: str | None = None
+    nsys_version: str | None = None
+    _columns: dict = field(default_factory=dict, repr=False)
+
+    def has(self, table: str) -> bool:
+        return table in self.tables
+
+    def columns(self, table: str) -> set:
+        """Column names of `table` (empty when the table is absent)."""
+        if table not in self._columns:
+            if table not in self.tables:
+                return set()
+            self._columns[table] = {row[1] for row in self.conn.execute(f"pragma table_info('{table}')")}
+        return self._columns[table]
+
+    def column_or(self, table: str, column: str, alias: str, default: str = "NULL") -> str:
+        """`alias.column` when the column exists in this export, else a constant (for optional columns)."""
+        return f"{alias}.{column}" if column in self.columns(table) else default
+
+    def query(self, sql: str, params: Sequence = ()) -> list:
+        return self._run(sql, params).fetchall()
+
+    def _run(self, sql: str, params: Sequence = ()):
+        try:
+            return self.conn.execute(sql, params)
+        except sqlite3.DatabaseError as exc:
+            raise _database_error(self.path, exc) from None
+
+    def arrays(self, sql: str, names: Sequence[str], params: Sequence = ()) -> dict:
+        """Run `sql` and return its integer columns as int64 numpy arrays, without building a row list.
+
+        NULLs must be replaced in SQL (COALESCE): integer columns only.
+        """
+        ncols = len(names)
+        cursor = self._run(sql, params)
+        try:
+            flat = np.fromiter(itertools.chain.from_iterable(cursor), dtype=np.int64)
+        except sqlite3.DatabaseError as exc:
+            raise _database_error(self.path, exc) from None
+        except TypeError:
+            raise ProfattrError(f"{self.path}: unexpected NULL in an integer column of a query; "
+                                "the export looks damaged (re-export it with `nsys export --type sqlite`)") from None
+        flat = flat.reshape(-1, ncols) if ncols else flat
+        return {name: np.ascontiguousarray(flat[:, i]) for i, name in enumerate(names)}
+
+    def strings(self, ids: Iterable[int]) -> dict:
+        """StringIds values for the given ids (nsys interns every name)."""
+        ids = sorted({int(i) for i in ids if i is not None and int(i) >= 0})
+        out: dict = {}
+        for chunk_start in range(0, len(ids), 900):  # stay under SQLite's bound-parameter limit
+            chunk = ids[chunk_start:chunk_start + 900]
+            marks = ",".join("?" * len(chunk))
+            out.update(self.query(f"SELECT id, value FROM StringIds WHERE id IN ({marks})", chunk))
+        return out
+
+    @property
+    def gpus(self) -> list:
+        """GPUs described in the export (TARGET_INFO_GPU, when the capture recorded it)."""
+        if not self.has("TARGET_INFO_GPU"):
+            return []
+        cols = self.columns("TARGET_INFO_GPU")
+        wanted = [c for c in ("id", "name", "busLocation", "computeMajor", "computeMinor", "smCount",
+                              "memoryBandwidth", "totalMemory", "clockRate", "uuid") if c in cols]
+        rows = self.query(f"SELECT {', '.join(wanted)} FROM TARGET_INFO_GPU ORDER BY 1")
+        return [dict(zip(wanted, row)) for row in rows]
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _database_error(path: Path, exc: Exception) -> ProfattrError:
+    text = str(exc)
+    if "locked" in text:
+        return ProfattrError(f"{path}: the database is locked by another process; wait for nsys to finish "
+                             "writing it, or copy it and open the copy")
+    if "malformed" in text or "not a database" in text or "disk I/O" in text:
+        return ProfattrError(f"{path}: the SQLite file is damaged or truncated ({text}); "
+                             "export it again with `nsys export --type sqlite --force-overwrite true`")
+    return ProfattrError(f"{path}: SQLite error: {text}")
+
+
+def open_export(path) -> Export:
+    """Open an nsys SQLite export read-only; raise ProfattrError with one clear line when it is not one."""
+    path = Path(path)
+    if not path.exists():
+        raise ProfattrError(f"{path}: no such file")
+    if path.is_dir():
+        raise ProfattrError(f"{path}: is a folder; give the .sqlite (or .nsys-rep) file inside it")
+    with path.open("rb") as fh:
+        head = fh.read(len(SQLITE_MAGIC))
+    if head != SQLITE_MAGIC:
+        raise ProfattrError(f"{path}: not a SQLite file; give an Nsight Systems export "
+                            "(`nsys export --type sqlite REPORT.nsys-rep`) or the .nsys-rep itself")
+    # mode=ro: the user's capture is never written. No journal or lock files are created beside it.
+    conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, check_same_thread=False)
+    export = Export(path=path, conn=conn)
+    try:
+        export.tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    except sqlite3.DatabaseError as exc:
+        conn.close()
+        raise _database_error(path, exc) from None
+    meta_table = next((t for t in ("META_DATA_EXPORT", "EXPORT_META_DATA") if t in export.tables), None)
+    if "StringIds" not in export.tables and meta_table is None:
+        conn.close()
+        raise ProfattrError(f"{path}: a SQLite file, but not an Nsight Systems export (no StringIds or "
+                            "META_DATA_EXPORT table)")
+    if meta_table is not None:
+        meta = dict(export.query(f"SELECT name, value FROM {meta_table}"))
+        export.schema_version = meta.get("EXPORT_SCHEMA_VERSION")
+        export.nsys_version = meta.get("EXPORT_PRODUCT_VERSION")
+    return export
+
+
+def resolve_capture(path, force: bool = False, nsys: str | None = None) -> Path:
+    """The SQLite export for `path`: the file itself, or for a .nsys-rep the .sqlite beside it (exported with nsys
+    when missing or older than the report; an existing newer one is reused, an older one is replaced only with
+    `force`)."""
+    path = Path(path)
+    if path.suffix not in (".nsys-rep", ".qdrep"):
+        return path
+    if not path.exists():
+        raise ProfattrError(f"{path}: no such file")
+    out = path.with_suffix(".sqlite")
+    if out.exists() and out.stat().st_mtime >= path.stat().st_mtime:
+        return out
+    if out.exists() and not force:
+        raise ProfattrError(f"{out} exists but is older than {path.name}; pass --force to export it again")
+    # The export stage belongs to capture; import lazily so analysis of .sqlite files never needs it.
+    from profattr.capture import nsys as nsys_tool
+
+    nsys_tool.export_sqlite(path, out, nsys=nsys, force=True)
+    return out
