@@ -58,3 +58,35 @@ def _emit(text: str, output) -> None:
         Path(output).write_text(text + ("" if text.endswith("\n") else "\n"))
     else:
         click.echo(text)
+
+
+@click.command()
+@click.argument("a", type=click.Path(dir_okay=False))
+@click.argument("b", type=click.Path(dir_okay=False))
+@steps_option
+@rules_option
+@format_option(("table", "json", "markdown"))
+@click.option("--changed", help="Category family you changed between A and B (e.g. moe); warns when its kernels "
+                                "are identical. Default: moe when the two run.json name different backends.")
+@click.option("--samples", default=2000, show_default=True, help="Bootstrap samples for the 95% intervals.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write to this file instead of stdout.")
+def diff(a, b, steps, rules, fmt, changed, samples, output):
+    """Attribute the step-time change from capture A to capture B.
+
+    A and B are captures (.sqlite / .nsys-rep) or budget JSON files. Components (categories, idle, overlap)
+    add up exactly to the change of the median step time.
+    """
+    import json
+
+    from profattr.attribute.diff import compute_diff, load_side
+    from profattr.report import diff_view
+
+    result = compute_diff(load_side(a, steps, rules), load_side(b, steps, rules), samples=samples,
+                          changed=changed)
+    if fmt == "json":
+        text = json.dumps(result, indent=2)
+    elif fmt == "markdown":
+        text = diff_view.render_markdown(result)
+    else:
+        text = diff_view.render_table(result)
+    _emit(text, output)

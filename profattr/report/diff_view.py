@@ -1,0 +1,77 @@
+"""Render a diff (the `profattr.diff/1` dict) for a person (table) or as markdown."""
+from __future__ import annotations
+
+from profattr.report.escape import md_escape
+
+
+def _ci(ci) -> str:
+    return f"[{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else "n/a"
+
+
+def _kernel_line(row: dict, width: int = 60) -> str:
+    k = row.get("kernels") or {}
+    a = [x["name"] for x in k.get("only_a", [])]
+    b = [x["name"] for x in k.get("only_b", [])]
+    if not a and not b:
+        return ""
+
+    def cut(names):
+        s = ", ".join(n if len(n) <= width else n[: width - 1] + "…" for n in names[:2])
+        return s + (f" (+{len(names) - 2})" if len(names) > 2 else "")
+    return f"{cut(a) or '-'} -> {cut(b) or '-'}"
+
+
+def render_table(diff: dict) -> str:
+    lines = [f"A: {diff['a']['path']}", f"B: {diff['b']['path']}"]
+    for w in diff.get("warnings", []):
+        lines.append(f"WARNING: {w}")
+    for d in diff["devices"]:
+        s = d["step_ms"]
+        lines.append("")
+        lines.append(f"GPU {d['device']}: step {s['a']:.3f} -> {s['b']:.3f} ms ({s['delta']:+.3f} ms, 95% CI "
+                     f"{_ci(s['ci95'])}); kernels/step {d['kernels_per_step']['a']:.1f} -> "
+                     f"{d['kernels_per_step']['b']:.1f}")
+        lines.append(f"  {'component':<28}{'A':>9}{'B':>9}{'delta':>10}  {'95% CI':<20} note")
+        for c in d["components"]:
+            if abs(c["delta_ms_per_step"]) < 5e-5 and abs(c["a_ms_per_step"]) < 5e-5:
+                continue
+            note = "noise" if c["noise"] else ""
+            if "from_count_ms" in c and abs(c["delta_ms_per_step"]) >= 5e-4:
+                note += (f"{'; ' if note else ''}count {c['count_delta_per_step']:+.1f}/step -> "
+                         f"{c['from_count_ms']:+.3f}, duration -> {c['from_duration_ms']:+.3f}")
+            lines.append(f"  {c['component']:<28}{c['a_ms_per_step']:>9.3f}{c['b_ms_per_step']:>9.3f}"
+                         f"{c['delta_ms_per_step']:>+10.3f}  {_ci(c['ci95']):<20} {note}")
+            kl = _kernel_line(c)
+            if kl:
+                lines.append(f"      {kl}")
+        lines.append(f"  components sum to the step delta within {abs(d['closure_ms']):.2e} ms")
+    lines.append("")
+    lines.append(f"verdict: {diff['verdict']}")
+    return "\n".join(lines)
+
+
+def render_markdown(diff: dict, a_label: str = "A", b_label: str = "B") -> str:
+    out = []
+    for w in diff.get("warnings", []):
+        out.append(f"> **Warning:** {md_escape(w)}")
+        out.append("")
+    for d in diff["devices"]:
+        s = d["step_ms"]
+        out.append(f"**GPU {md_escape(d['device'])}**: {s['a']:.3f} → {s['b']:.3f} ms/step "
+                   f"(**{s['delta']:+.3f} ms**, 95% CI {_ci(s['ci95'])}); kernels/step "
+                   f"{d['kernels_per_step']['a']:.1f} → {d['kernels_per_step']['b']:.1f}")
+        out.append("")
+        out.append(f"| component | {md_escape(a_label)} ms | {md_escape(b_label)} ms | Δ ms | 95% CI | "
+                   "from count | from duration | kernels (only A → only B) |")
+        out.append("|---|---:|---:|---:|---|---:|---:|---|")
+        for c in d["components"]:
+            if abs(c["delta_ms_per_step"]) < 5e-5 and abs(c["a_ms_per_step"]) < 5e-5:
+                continue
+            ci = _ci(c["ci95"]) + (" (noise)" if c["noise"] else "")
+            fc = f"{c['from_count_ms']:+.3f}" if "from_count_ms" in c else ""
+            fd = f"{c['from_duration_ms']:+.3f}" if "from_duration_ms" in c else ""
+            out.append(f"| {md_escape(c['component'])} | {c['a_ms_per_step']:.3f} | {c['b_ms_per_step']:.3f} | "
+                       f"{c['delta_ms_per_step']:+.3f} | {ci} | {fc} | {fd} | {md_escape(_kernel_line(c, 48))} |")
+        out.append("")
+    out.append(f"Verdict: {md_escape(diff['verdict'])}")
+    return "\n".join(out)
