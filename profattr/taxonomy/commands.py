@@ -1,0 +1,45 @@
+"""`profattr classify`: show the category each kernel name lands in, and which rule put it there."""
+from __future__ import annotations
+
+import json
+
+import click
+
+from profattr.taxonomy.classify import load_rules
+
+
+@click.command("classify")
+@click.argument("names", nargs=-1, required=True)
+@click.option("--rules", "rules_files", multiple=True, metavar="FILE",
+              help="Extra rules file (TOML); its rules take precedence over the shipped ones. Repeatable.")
+@click.option("--nvtx", "nvtx_ranges", multiple=True, metavar="NAME",
+              help="Name of an NVTX range that encloses the kernels (e.g. model.layers.0.mlp.experts). Repeatable.")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True,
+              help="table for people, json for tools (a list of {name, category, family, rule} in input order).")
+def classify(names, rules_files, nvtx_ranges, fmt):
+    """Classify kernel NAMEs (demangled, as nsys prints them). Use `-` to read one name per line from stdin."""
+    kernel_names = []
+    for name in names:
+        if name == "-":
+            kernel_names.extend(line.rstrip("\r\n") for line in click.get_text_stream("stdin") if line.strip())
+        else:
+            kernel_names.append(name)
+
+    ruleset = load_rules(rules_files)
+    contexts = ruleset.contexts_for(nvtx_ranges)
+    rows = []
+    for name in kernel_names:
+        rule = ruleset.match(name, contexts)
+        rows.append({"name": name,
+                     "category": rule.category if rule else "unclassified",
+                     "family": rule.family if rule else None,
+                     "rule": rule.id if rule else None})
+
+    if fmt == "json":
+        click.echo(json.dumps(rows, indent=2))
+        return
+    headers = ("category", "family", "rule", "name")
+    cells = [[row[h] or "-" for h in headers] for row in rows]
+    widths = [max([len(h)] + [len(c[i]) for c in cells]) for i, h in enumerate(headers[:-1])]
+    for line in [list(headers)] + cells:
+        click.echo("  ".join(value.ljust(widths[i]) for i, value in enumerate(line[:-1])) + "  " + line[-1])
