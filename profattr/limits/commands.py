@@ -1,0 +1,140 @@
+"""Click commands `profattr limit` and `profattr gap`: parse options, call one library function, render."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import click
+
+from profattr.errors import ProfattrError
+from profattr.limits.model import DEFAULT_CONTEXT_LEN
+
+
+def _emit(text: str) -> None:
+    click.echo(text.rstrip("\n"))
+
+
+@click.command("limit")
+@click.option("--model", "-m", "model", required=True,
+              help="Model preset (e.g. glm-5-nvfp4) or a Hugging Face config.json path.")
+@click.option("--quant", default=None,
+              help="Quantization scheme: nvfp4 (routed experts NVFP4, rest BF16), nvfp4-ffn, nvfp4-modelopt, "
+                   "nvfp4-fp8, nvfp4-all, fp8, bf16. Required with a config.json; overrides a preset's.")
+@click.option("--hardware", "-H", "hardware", required=True, help="GPU preset, e.g. rtx-pro-6000-ws, h200, b200.")
+@click.option("--tp", type=int, default=1, show_default=True, help="Tensor-parallel size (GPUs).")
+@click.option("--context", "context_len", type=int, default=DEFAULT_CONTEXT_LEN, show_default=True,
+              help="Tokens in the KV cache when the token is decoded.")
+@click.option("--allreduce", type=click.Choice(["oneshot", "nccl"]), default="oneshot", show_default=True,
+              help="All-reduce implementation for the realistic floor.")
+@click.option("--launch", type=click.Choice(["graph", "eager"]), default="graph", show_default=True,
+              help="CUDA-graph replay or eager launches for the realistic floor.")
+@click.option("--kernels", type=int, default=None, help="Kernels per decode step (default: preset or estimate).")
+@click.option("--dsa/--no-dsa", "dsa_runs", default=None,
+              help="Whether the DSA indexer runs (default: as the engine does on this hardware).")
+@click.option("--kv-dtype", type=click.Choice(["bf16", "fp8"]), default="bf16", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+def limit(model, quant, hardware, tp, context_len, allreduce, launch, kernels, dsa_runs, kv_dtype, fmt):
+    """The decode floor of MODEL on HARDWARE: weights-only and realistic, with their assumptions.
+
+    The weights-only floor reads every active weight once, split evenly over the GPUs, at peak bandwidth.
+    The realistic floor adds engine sharding (replicated weights), the KV cache, achievable bandwidth,
+    small-message all-reduces and kernel launches. A sensitivity table shows what each assumption is worth.
+    """
+    from profattr.limits.floor import compute_limit
+    from profattr.limits.hardware import load_hardware
+    from profattr.limits.model import load_model
+    from profattr.limits.render import render_limit_table
+
+    hw = load_hardware(hardware)
+    spec = load_model(model, tp=tp, quant=quant, context_len=context_len,
+                      dsa_runs=hw.dsa_runs if dsa_runs is None else dsa_runs, kv_dtype=kv_dtype)
+    if kernels is not None and kernels < 0:
+        raise ProfattrError(f"--kernels must be 0 or more (got {kernels})")
+    result = compute_limit(spec, hw, allreduce=allreduce, launch=launch, kernels=kernels)
+    _emit(json.dumps(result, indent=2) if fmt == "json" else render_limit_table(result))
+
+
+def _gap_model(capture: Path, model: Optional[str], quant, tp, context_len, run_json, n_devices, hw):
+    """ModelSpec for a capture: --model if given, else the built-in workload's run.json."""
+    from profattr.limits.model import load_model
+    from profattr.limits.workload import load_run_json, run_json_path, served_defaults, spec_from_workload
+
+    path = Path(run_json) if run_json else run_json_path(capture)
+    run = load_run_json(path) if path.exists() else None
+    if model:
+        recorded = served_defaults(run) if run else {}
+        return load_model(model, tp=tp or recorded.get("tp") or n_devices or 1, quant=quant,
+                          context_len=context_len if context_len is not None else
+                          recorded.get("context_len", DEFAULT_CONTEXT_LEN), dsa_runs=hw.dsa_runs)
+    if run is None:
+        raise ProfattrError(f"no model for {capture.name}: {path.name} not found; pass --model (a preset or "
+                            "config.json) or --run-json")
+    record = run.get("workload")
+    if not isinstance(record, dict):
+        served = f" (it served {run['model']})" if run.get("model") else ""
+        raise ProfattrError(f"{path}: has no `workload` record{served}; pass --model (a preset or config.json)")
+    spec = spec_from_workload(record, context_len=context_len, source=str(path))
+    if tp and tp != spec.tp:
+        raise ProfattrError(f"--tp {tp} disagrees with the workload's recorded tp {spec.tp}")
+    return spec
+
+
+@click.command("gap")
+@click.argument("capture", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--model", "-m", "model", default=None,
+              help="Model preset or config.json (default: the workload recorded in NAME.run.json).")
+@click.option("--quant", default=None, help="Quantization scheme with a config.json (see `profattr limit`).")
+@click.option("--hardware", "-H", "hardware", default=None,
+              help="GPU preset (default: matched from the capture's GPU name).")
+@click.option("--tp", type=int, default=None, help="Tensor-parallel size (default: run.json, else GPU count).")
+@click.option("--context", "context_len", type=int, default=None,
+              help=f"Tokens in the KV cache (default: run.json, else {DEFAULT_CONTEXT_LEN}).")
+@click.option("--run-json", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Run metadata to take the workload from (default: NAME.run.json beside the capture).")
+@click.option("--steps", default="auto", show_default=True, help="Step definition passed to the budget.")
+@click.option("--rules", multiple=True, type=click.Path(dir_okay=False), help="Extra taxonomy rule files.")
+@click.option("--bandwidth", type=click.Choice(["peak", "achievable"]), default="peak", show_default=True,
+              help="Compare against peak or achievable memory bandwidth.")
+@click.option("--chart", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write a PNG waterfall chart here.")
+@click.option("--force", is_flag=True, help="Overwrite the chart if it exists.")
+@click.option("--format", "fmt", type=click.Choice(["table", "json", "markdown"]), default="table",
+              show_default=True)
+def gap(capture, model, quant, hardware, tp, context_len, run_json, steps, rules, bandwidth, chart, force, fmt):
+    """How far CAPTURE is from the hardware limit, per category, as a waterfall from floor to measured step."""
+    from profattr.limits.gap import compute_gap
+    from profattr.limits.hardware import hardware_presets, load_hardware, match_hardware, read_capture_gpus
+    from profattr.limits.render import render_gap_markdown, render_gap_table
+
+    if chart is not None and chart.exists() and not force:
+        raise ProfattrError(f"{chart} exists; pass --force to overwrite it")
+    try:
+        from profattr.attribute.budget import compute_budget
+        from profattr.trace.reader import resolve_capture
+    except ImportError as exc:  # pragma: no cover - the budget ships with the package
+        raise ProfattrError(f"the budget stage is not available ({exc})") from None
+    sqlite_path = Path(resolve_capture(capture))
+    budget = compute_budget(sqlite_path, steps=steps, rules=rules).to_dict()
+    gpus = read_capture_gpus(sqlite_path)
+    if hardware is None:
+        names = {str(g.get("name") or "") for g in gpus.values()}
+        matched = {match_hardware(n) for n in names if n}
+        if len(matched) != 1 or None in matched:
+            raise ProfattrError(f"cannot tell the hardware from the capture (GPUs: {', '.join(sorted(names)) or 'none'}"
+                                f"); pass --hardware, one of: {', '.join(hardware_presets())}")
+        hardware = matched.pop()
+    hw = load_hardware(hardware)
+    spec = _gap_model(capture, model, quant, tp, context_len, run_json, len(budget.get("devices", [])), hw)
+    fraction = 1.0 if bandwidth == "peak" else hw.achievable_bandwidth_fraction.value
+    result = compute_gap(budget, spec, hw, capture_gpus=gpus, bandwidth_fraction=fraction)
+    if chart is not None:
+        from profattr.limits.chart import write_gap_chart
+
+        write_gap_chart(result, chart)
+    if fmt == "json":
+        _emit(json.dumps(result, indent=2))
+    elif fmt == "markdown":
+        _emit(render_gap_markdown(result))
+    else:
+        _emit(render_gap_table(result))

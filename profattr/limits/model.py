@@ -1,0 +1,268 @@
+"""Model specs: the bytes one tensor-parallel rank reads per decoded token, by weight class and category.
+
+A ModelSpec comes from a preset (specs/models/*.toml), a Hugging Face config.json plus a quantization scheme, or
+the parameter counts the built-in workload records in run.json (see workload.py). Everything downstream (floor.py,
+gap.py) reads only ModelSpec.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+from profattr.errors import ProfattrError
+from profattr.limits import architectures
+from profattr.limits.specs import load_toml, preset_ids
+
+DEFAULT_CONTEXT_LEN = 1024
+ACTIVATION_BYTES = 2  # BF16 hidden states: the all-reduce payload per element
+
+
+@dataclass(frozen=True)
+class WeightGroup:
+    """Weights of one component, summed over layers, as one rank reads them per decoded token."""
+
+    component: str
+    weight_class: str
+    category: str
+    params_total: int
+    params_per_token: int
+    dtype: str
+    bytes_per_param: float
+    sharding: str  # sharded | replicated | kv_heads | one_row
+    rank_fraction: float  # share of params_per_token one rank reads, as the engine shards it
+
+    @property
+    def bytes_per_token(self) -> float:
+        """Bytes of this group read per token, summed over all ranks' unique weights (no replication)."""
+        return self.params_per_token * self.bytes_per_param
+
+    def rank_bytes_per_token(self, tp: int, ideal: bool) -> float:
+        """Bytes one rank reads per token: evenly split over `tp` ranks if `ideal`, else as the engine shards."""
+        return self.bytes_per_token / tp if ideal else self.bytes_per_token * self.rank_fraction
+
+    def rank_flops_per_token(self) -> float:
+        """FLOPs one rank spends on these weights per token: a multiply-add (2 FLOPs) per weight (batch 1)."""
+        if self.sharding == "one_row":  # a lookup, not a product
+            return 0.0
+        return 2.0 * self.params_per_token * self.rank_fraction
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What one decode step of one rank must move, with the inputs it came from."""
+
+    id: str
+    name: str
+    source: str
+    quant: str
+    tp: int
+    context_len: int
+    num_layers: int
+    hidden_size: int
+    vocab_size: int
+    groups: Tuple[WeightGroup, ...]
+    kv_cache_bytes_per_token: float  # per rank, per cached token, all layers
+    kv_cache_read_bytes: float  # per rank per step at context_len (DSA reads only its top-k)
+    indexer_keys_read_bytes: float  # per rank per step (DSA only)
+    attention_flops: float  # per rank per step at context_len
+    logits_bytes: float  # logits one sequence reads in sampling (FP32 for served models)
+    allreduce_per_step: int
+    allreduce_message_bytes: int
+    kernels_per_step: Optional[Tuple[float, str]] = None  # (count, source)
+    batch: int = 1  # sequences decoded per step: weights are read once, FLOPs and KV traffic scale with it
+    dsa_runs: bool = False
+    notes: Tuple[str, ...] = ()
+    config: Optional[Dict[str, Any]] = field(default=None, compare=False, repr=False)
+    derive_args: Optional[Dict[str, Any]] = field(default=None, compare=False, repr=False)
+
+    def weight_bytes_per_rank(self, ideal: bool, exclude: Tuple[str, ...] = ()) -> float:
+        """Weight bytes one rank reads per token (`exclude`: weight classes left out)."""
+        return sum(g.rank_bytes_per_token(self.tp, ideal) for g in self.groups if g.weight_class not in exclude)
+
+    def params_per_token(self) -> int:
+        """Active parameters read per decoded token (whole model; the embedding counts one row)."""
+        return sum(g.params_per_token for g in self.groups)
+
+    def params_total(self) -> int:
+        """Stored parameters (whole model, MTP layers excluded)."""
+        return sum(g.params_total for g in self.groups)
+
+    def describe(self) -> Dict[str, Any]:
+        """JSON-ready summary of the spec."""
+        return {"id": self.id, "name": self.name, "source": self.source, "quant": self.quant, "tp": self.tp,
+                "context_len": self.context_len, "batch": self.batch, "params_total": self.params_total(),
+                "params_per_token": self.params_per_token(), "dsa_runs": self.dsa_runs}
+
+
+# --- quantization, sharding, categories (data files) ---------------------------------------------------------
+
+def quant_schemes() -> List[str]:
+    return sorted(load_toml("quant.toml")["schemes"])
+
+
+def dtype_bytes(dtype: str) -> float:
+    return float(load_toml("quant.toml")["dtypes"][dtype]["bytes_per_param"])
+
+
+def class_dtype(scheme: str, weight_class: str, dense_model: bool) -> str:
+    """Storage format of `weight_class` under quantization `scheme`."""
+    schemes = load_toml("quant.toml")["schemes"]
+    if scheme not in schemes:
+        raise ProfattrError(f"unknown quantization {scheme!r}; valid: {', '.join(sorted(schemes))}")
+    table = schemes[scheme]
+    if dense_model and weight_class in table.get("dense_model", {}):
+        return table["dense_model"][weight_class]
+    return table.get(weight_class, table["default"])
+
+
+def weight_category(weight_class: str) -> str:
+    return load_toml("category_floors.toml")["weights"][weight_class]
+
+
+def tensor_category(tensor: str) -> str:
+    return load_toml("category_floors.toml")["tensors"][tensor]
+
+
+def _rank_fraction(sharding: str, tp: int, num_kv_heads: int) -> float:
+    if sharding == "sharded":
+        return 1.0 / tp
+    if sharding == "kv_heads":
+        return max(num_kv_heads // tp, 1) / num_kv_heads
+    return 1.0  # replicated; one_row (the owning rank reads the whole row)
+
+
+# --- building specs ----------------------------------------------------------------------------------------
+
+def _check_tp(layout: architectures.Layout, tp: int) -> None:
+    if tp < 1:
+        raise ProfattrError(f"--tp must be at least 1 (got {tp})")
+    if layout.num_heads % tp:
+        raise ProfattrError(
+            f"tp {tp} does not divide num_attention_heads {layout.num_heads}; use a tp that divides it"
+        )
+    kv = layout.num_kv_heads
+    if layout.kv_split == "kv_heads" and kv % tp and tp % kv:
+        raise ProfattrError(f"tp {tp} and num_key_value_heads {kv}: one must divide the other")
+
+
+def spec_from_config(config: Dict[str, Any], *, quant: str, tp: int, context_len: int = DEFAULT_CONTEXT_LEN,
+                     dsa_runs: Optional[bool] = None, kv_dtype: str = "bf16", engine: str = "sglang",
+                     model_id: str = "", name: str = "", source: str = "config.json",
+                     indexer_full_layers: Optional[int] = None,
+                     kernels_per_step: Optional[Tuple[float, str]] = None) -> ModelSpec:
+    """ModelSpec of the model a config.json describes, quantized with `quant`, split over `tp` ranks by `engine`.
+
+    dsa_runs: whether the DSA indexer runs (None: it runs when the architecture has one).
+    """
+    layout = architectures.derive(config, indexer_full_layers)
+    _check_tp(layout, tp)
+    if context_len < 0:
+        raise ProfattrError(f"--context must be 0 or more tokens (got {context_len})")
+    sharding = load_toml("sharding.toml")
+    if engine not in sharding:
+        raise ProfattrError(f"unknown engine {engine!r}; valid: {', '.join(sorted(sharding))}")
+    rules = sharding[engine]["components"]
+    dense_model = not layout.has_routed_experts
+    groups = []
+    for comp in layout.components:
+        dtype = class_dtype(quant, comp.weight_class, dense_model)
+        rule = rules.get(comp.name) or rules[comp.weight_class]
+        groups.append(WeightGroup(
+            component=comp.name, weight_class=comp.weight_class, category=weight_category(comp.weight_class),
+            params_total=comp.params_total, params_per_token=comp.params_per_token, dtype=dtype,
+            bytes_per_param=dtype_bytes(dtype), sharding=rule["sharding"],
+            rank_fraction=_rank_fraction(rule["sharding"], tp, layout.num_kv_heads)))
+    dsa = layout.dsa if (layout.dsa and (dsa_runs is None or dsa_runs)) else None
+    if not dsa:
+        groups = [g for g in groups if g.weight_class != "indexer"]
+    kv_bytes = dtype_bytes(kv_dtype)
+    kv_fraction = 1.0 if layout.kv_split == "replicated" else _rank_fraction("kv_heads", tp, layout.num_kv_heads)
+    kv_per_token = layout.kv_elements_per_token_per_layer * kv_bytes * layout.num_layers * kv_fraction
+    heads_per_rank = layout.num_heads / tp
+    flops_per_token = layout.attention_flops_per_context_token_per_head * heads_per_rank * layout.num_layers
+    attended = min(context_len, dsa.index_topk) if dsa else context_len
+    indexer_keys = 0.0
+    attention_flops = flops_per_token * attended
+    notes = list(layout.notes)
+    if dsa:
+        indexer_keys = context_len * dsa.full_layers * (dsa.index_head_dim + architectures.INDEXER_KEY_SCALE_BYTES)
+        attention_flops += 2.0 * context_len * dsa.index_n_heads * dsa.index_head_dim * dsa.full_layers
+        notes.append(f"DSA runs: attention reads the top {dsa.index_topk} tokens; indexer keys "
+                     f"({dsa.index_head_dim}+{architectures.INDEXER_KEY_SCALE_BYTES} B/token) on "
+                     f"{dsa.full_layers} layers")
+    elif layout.dsa:
+        notes.append("DSA indexer not run: dense MLA over the whole context")
+    return ModelSpec(
+        id=model_id or str(config.get("_name_or_path") or layout.model_type), name=name or layout.model_type,
+        source=source, quant=quant, tp=tp, context_len=context_len, num_layers=layout.num_layers,
+        hidden_size=layout.hidden_size, vocab_size=layout.vocab_size, groups=tuple(groups),
+        kv_cache_bytes_per_token=kv_per_token, kv_cache_read_bytes=kv_per_token * attended,
+        indexer_keys_read_bytes=indexer_keys, attention_flops=attention_flops,
+        logits_bytes=4.0 * layout.vocab_size,
+        allreduce_per_step=(2 * layout.num_layers + 1) if tp > 1 else 0,
+        allreduce_message_bytes=layout.hidden_size * ACTIVATION_BYTES,
+        kernels_per_step=kernels_per_step, dsa_runs=bool(dsa), notes=tuple(notes), config=dict(config),
+        derive_args=dict(quant=quant, tp=tp, context_len=context_len, dsa_runs=dsa_runs, kv_dtype=kv_dtype,
+                         engine=engine, model_id=model_id, name=name, source=source,
+                         indexer_full_layers=indexer_full_layers, kernels_per_step=kernels_per_step))
+
+
+def respec(spec: ModelSpec, **changes: Any) -> ModelSpec:
+    """The same model re-derived with some inputs changed (quant, tp, context_len, dsa_runs, ...)."""
+    if spec.config is None or spec.derive_args is None:
+        if set(changes) <= {"context_len"}:  # a recorded spec (run.json): only the KV read scales
+            context_len = changes.get("context_len", spec.context_len)
+            return replace(spec, context_len=context_len,
+                           kv_cache_read_bytes=spec.kv_cache_bytes_per_token * context_len)
+        raise ProfattrError("this model spec has no config.json to re-derive from")
+    return spec_from_config(spec.config, **{**spec.derive_args, **changes})
+
+
+def model_presets() -> List[str]:
+    """Ids of the shipped model presets."""
+    return sorted({load_toml(f"models/{f}")["id"] for f in preset_ids("models").values()})
+
+
+def load_config(path: Path) -> Dict[str, Any]:
+    """Parsed config.json at `path` (a file, or a folder holding config.json)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "config.json"
+    try:
+        with open(path, encoding="utf-8") as handle:
+            config = json.load(handle)
+    except FileNotFoundError:
+        raise ProfattrError(f"{path}: no such file; pass a preset ({', '.join(model_presets())}) "
+                            "or a Hugging Face config.json") from None
+    except (OSError, ValueError) as exc:
+        raise ProfattrError(f"{path}: cannot read it as JSON ({exc}); pass a Hugging Face config.json") from None
+    if not isinstance(config, dict):
+        raise ProfattrError(f"{path}: expected a JSON object (a Hugging Face config.json)")
+    return config
+
+
+def load_model(model: str, *, tp: int, quant: Optional[str] = None, context_len: int = DEFAULT_CONTEXT_LEN,
+               dsa_runs: Optional[bool] = None, kv_dtype: str = "bf16") -> ModelSpec:
+    """ModelSpec from a preset id (specs/models/) or a config.json path (then `quant` is required)."""
+    presets = preset_ids("models")
+    if model.lower() in presets:
+        data = load_toml(f"models/{presets[model.lower()]}")
+        kernels = data.get("kernels_per_step")
+        full = data.get("indexer_full_layers", {}).get("value")
+        return spec_from_config(
+            data["config"], quant=quant or data["quant"], tp=tp, context_len=context_len, dsa_runs=dsa_runs,
+            kv_dtype=kv_dtype, engine=data.get("engine", "sglang"), model_id=data["id"], name=data["name"],
+            source=f"preset {data['id']} ({data['config_source']['default']})", indexer_full_layers=full,
+            kernels_per_step=(kernels["value"], kernels["source"]) if kernels else None)
+    path = Path(model)
+    if not (path.suffix == ".json" or path.is_dir() or path.exists()):
+        raise ProfattrError(f"unknown model {model!r}; presets: {', '.join(model_presets())}, "
+                            "or a path to a Hugging Face config.json")
+    config = load_config(path)
+    if not quant:
+        raise ProfattrError(f"--quant is required with a config.json; valid: {', '.join(quant_schemes())}")
+    return spec_from_config(config, quant=quant, tp=tp, context_len=context_len, dsa_runs=dsa_runs,
+                            kv_dtype=kv_dtype, model_id=str(config.get("_name_or_path") or path.stem),
+                            name=str(config.get("model_type")), source=str(path))
