@@ -1,0 +1,300 @@
+"""Driving an SGLang server over HTTP: its command line, health, token-id generate requests (streamed, timed per
+token), and the profile window (`/start_profile` with `num_steps`).
+
+Checked against SGLang 0.5.16:
+- `python/sglang/srt/server_args.py`: MOE_RUNNER_BACKEND_CHOICES (the `--moe-runner-backend` values);
+- `python/sglang/srt/entrypoints/http_server.py`: `GET /health` (503 while starting, 200 when up), `POST /generate`
+  (streaming answers server-sent events `data: {...}` and a final `data: [DONE]`), `/start_profile` and
+  `/stop_profile` (both answer plain text, not JSON; a failure inside raises, which FastAPI answers with 500);
+- `python/sglang/srt/managers/scheduler_components/profiler_manager.py`: activity "CUDA_PROFILER" calls
+  cudaProfilerStart/Stop on the base GPU's scheduler only; `num_steps` stops the window by itself after that many
+  forward steps (prefill or decode), after which `/stop_profile` fails with "Profiling is not in progress";
+- `python/sglang/srt/managers/tokenizer_manager.py`: streamed `output_ids` are cumulative unless the server runs with
+  `--incremental-streaming-output`; `meta_info.completion_tokens` counts the tokens so far.
+"""
+from __future__ import annotations
+
+import json
+import shlex
+import socket
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from statistics import mean, median, pstdev
+from typing import Callable, Sequence
+
+from profattr.errors import ProfattrError
+
+SGLANG_VERSION = "0.5.16"
+# --moe-runner-backend choices of SGLang 0.5.16 (server_args.py: MOE_RUNNER_BACKEND_CHOICES)
+MOE_RUNNER_BACKENDS = (
+    "auto", "deep_gemm", "triton", "triton_kernel", "flashinfer_trtllm", "experimental_sgl_trtllm",
+    "flashinfer_trtllm_routed", "flashinfer_cutlass", "flashinfer_mxfp4", "flashinfer_cutedsl", "cutlass", "aiter",
+    "marlin", "humming", "experimental_sgl_marlin",
+)
+# Short names users type. `cutlass` means FlashInfer's CUTLASS MoE; SGLang's own runner named `cutlass` is reached
+# with the verbatim form `sglang:cutlass` (any `sglang:NAME` is passed through unchecked).
+ALIASES = {"cutlass": "flashinfer_cutlass", "cutedsl": "flashinfer_cutedsl"}
+VERBATIM_PREFIX = "sglang:"
+# Server options profattr sets itself; giving them after `--` too would make two different values.
+# Fingerprint of each MoE runner, in the taxonomy rules' `family` labels: (families of its expert GEMM kernels
+# (category moe.gemm), families of its other MoE kernels that tell it apart from a runner with the same GEMM).
+# `profattr check` wants one of the chosen backend's GEMM families (and markers, when listed) present, and no
+# GEMM or marker family that only other backends use. Backends without an entry (auto, aiter, humming) are not
+# fingerprinted.
+BACKEND_FAMILIES = {
+    "triton": (("triton_fused_moe",), ()),
+    "triton_kernel": (("triton_kernels_matmul_ogs",), ()),
+    "flashinfer_cutlass": (("cutlass_grouped_gemm",), ("flashinfer_cutlass_moe",)),
+    "cutlass": (("cutlass_grouped_gemm",), ("sglang_cutlass_moe",)),
+    "flashinfer_cutedsl": (("cute_dsl_moe", "flashinfer_b12x_moe", "b12x_moe"), ()),
+    "flashinfer_trtllm": (("trtllm_gen_moe",), ()),
+    "flashinfer_trtllm_routed": (("trtllm_gen_moe",), ()),
+    "experimental_sgl_trtllm": (("trtllm_gen_moe",), ()),
+    "flashinfer_mxfp4": (("trtllm_gen_moe",), ()),
+    "deep_gemm": (("deepgemm",), ()),
+    "marlin": (("marlin",), ()),
+    "experimental_sgl_marlin": (("marlin",), ()),
+}
+OWNED_SERVER_ARGS = ("--model-path", "--model", "--tp", "--tp-size", "--port", "--host", "--moe-runner-backend")
+PROFILE_ACTIVITIES = ["CUDA_PROFILER"]
+
+
+def backend_help() -> str:
+    """One line for --help: the aliases and every accepted name."""
+    aliases = ", ".join(f"{k} = {v}" for k, v in ALIASES.items())
+    others = ", ".join(b for b in MOE_RUNNER_BACKENDS if b not in ALIASES)
+    return (f"SGLang MoE runner backend ({aliases}; also {others}, as SGLang {SGLANG_VERSION} names them; "
+            f"`{VERBATIM_PREFIX}NAME` passes NAME unchecked, e.g. {VERBATIM_PREFIX}cutlass for SGLang's own runner)")
+
+
+def resolve_backend(name: str) -> str:
+    """The `--moe-runner-backend` value for a user-facing backend name; ProfattrError for an unknown one."""
+    if name.startswith(VERBATIM_PREFIX) and len(name) > len(VERBATIM_PREFIX):
+        return name[len(VERBATIM_PREFIX):]
+    if name in ALIASES:
+        return ALIASES[name]
+    if name in MOE_RUNNER_BACKENDS:
+        return name
+    valid = ", ".join(list(ALIASES) + [b for b in MOE_RUNNER_BACKENDS if b not in ALIASES])
+    raise ProfattrError(f"unknown backend {name!r}; valid: {valid} (or {VERBATIM_PREFIX}NAME to pass a name "
+                        f"SGLang {SGLANG_VERSION} did not have)")
+
+
+def default_launcher() -> list:
+    return [sys.executable, "-m", "sglang.launch_server"]
+
+
+def launcher_command(launcher: str | None) -> list:
+    """The command that starts the server, as a list: `launcher` split like a shell would, else the default."""
+    if not launcher:
+        return default_launcher()
+    parts = shlex.split(launcher)
+    if not parts:
+        raise ProfattrError("--launcher is empty; give a command such as 'python -m sglang.launch_server'")
+    return parts
+
+
+def check_passthrough(extra: Sequence[str]) -> None:
+    """Refuse server arguments after `--` that profattr sets itself (two values would be ambiguous)."""
+    for arg in extra:
+        flag = arg.split("=", 1)[0]
+        if flag in OWNED_SERVER_ARGS:
+            raise ProfattrError(f"{flag} after `--` clashes with the value profattr passes; give it to "
+                                "`profattr capture` (--model, --tp, --port, --host, --backend) instead")
+
+
+def server_command(launcher: Sequence[str], model: str, tp: int, backend: str, host: str, port: int,
+                   extra: Sequence[str] = ()) -> list:
+    """The full server command line (without nsys)."""
+    return [*launcher, "--model-path", str(model), "--tp", str(tp), "--moe-runner-backend", backend,
+            "--host", host, "--port", str(port), *extra]
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """True when something already listens on host:port (a second server would fail to bind, or worse, the
+    requests would go to the old one)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(1.0)
+        return s.connect_ex((host, port)) == 0
+
+
+def prompt_ids(length: int) -> list:
+    """A deterministic prompt of `length` token ids (no tokenizer needed; small ids exist in every vocabulary)."""
+    return [100 + (i * 37) % 1000 for i in range(length)]
+
+
+def generate_body(input_ids: Sequence[int], max_new_tokens: int, stream: bool = True) -> dict:
+    """A /generate request that always decodes exactly `max_new_tokens` tokens (greedy, end-of-sequence ignored)."""
+    return {"input_ids": list(input_ids),
+            "sampling_params": {"max_new_tokens": int(max_new_tokens), "temperature": 0, "ignore_eos": True},
+            "stream": bool(stream)}
+
+
+def profile_body(num_steps: int) -> dict:
+    return {"activities": list(PROFILE_ACTIVITIES), "num_steps": int(num_steps)}
+
+
+@dataclass
+class StreamResult:
+    """One streamed generate: arrival time (s, perf_counter) and token count of every event."""
+
+    sent_s: float
+    times_s: list = field(default_factory=list)
+    tokens: list = field(default_factory=list)
+
+    @property
+    def completion_tokens(self) -> int:
+        return self.tokens[-1] if self.tokens else 0
+
+    def decode_ms_per_token(self, max_token: int | None = None) -> float | None:
+        """Decode time per token: time from the first streamed token to the last event with at most `max_token`
+        tokens, divided by the tokens between them. The first token (prefill) is excluded; events that carry
+        several tokens at once are handled by their counts. None when fewer than two tokens qualify."""
+        pts = [(t, n) for t, n in zip(self.times_s, self.tokens) if n >= 1 and (max_token is None or n <= max_token)]
+        if len(pts) < 2 or pts[-1][1] <= pts[0][1]:
+            return None
+        (t0, n0), (t1, n1) = pts[0], pts[-1]
+        return (t1 - t0) * 1e3 / (n1 - n0)
+
+
+class Client:
+    """Minimal HTTP client for the SGLang endpoints profattr uses (standard library only)."""
+
+    def __init__(self, host: str, port: int, timeout_s: float = 600):
+        self.base = f"http://{host}:{port}"
+        self.timeout_s = timeout_s
+
+    def url(self, path: str) -> str:
+        return self.base + path
+
+    def _request(self, path: str, body: dict | None, timeout_s: float | None):
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.url(path), data=data, method="GET" if body is None else "POST",
+                                     headers={"Content-Type": "application/json"})
+        return urllib.request.urlopen(req, timeout=timeout_s or self.timeout_s)
+
+    def call(self, path: str, body: dict | None = None, timeout_s: float | None = None) -> tuple:
+        """(HTTP status, body text); an HTTP error status is returned, not raised."""
+        try:
+            with self._request(path, body, timeout_s) as resp:
+                return resp.status, resp.read().decode(errors="replace")
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode(errors="replace")
+
+    def healthy(self) -> bool:
+        try:
+            return self.call("/health", timeout_s=5)[0] == 200
+        except (OSError, urllib.error.URLError):
+            return False
+
+    def generate_stream(self, body: dict, timeout_s: float | None = None) -> StreamResult:
+        """POST a streaming /generate and time every server-sent event until `data: [DONE]`."""
+        body = dict(body, stream=True)
+        result = StreamResult(sent_s=time.perf_counter())
+        try:
+            resp = self._request("/generate", body, timeout_s)
+        except urllib.error.HTTPError as exc:
+            raise ProfattrError(f"POST /generate answered {exc.code}: "
+                                f"{exc.read().decode(errors='replace')[:200]}") from None
+        with resp:
+            incremental_total = 0
+            for raw in resp:
+                line = raw.strip()
+                if not line.startswith(b"data:"):
+                    continue
+                payload = line[5:].strip()
+                if payload == b"[DONE]":
+                    break
+                event = json.loads(payload)
+                if "error" in event:
+                    raise ProfattrError(f"POST /generate streamed an error: {str(event['error'])[:200]}")
+                meta = event.get("meta_info") or {}
+                if "completion_tokens" in meta:
+                    count = int(meta["completion_tokens"])
+                else:  # cumulative output_ids by default; with --incremental-streaming-output they are deltas
+                    incremental_total += len(event.get("output_ids") or [])
+                    count = incremental_total
+                result.times_s.append(time.perf_counter())
+                result.tokens.append(count)
+        return result
+
+
+def wait_healthy(client: Client, alive: Callable[[], bool], timeout_s: float, poll_s: float = 1.0,
+                 on_tick: Callable[[float], None] | None = None, tick_s: float = 30) -> float:
+    """Poll GET /health until 200; returns the seconds it took. Raises ServerExited when `alive()` turns False,
+    ServerTimeout after `timeout_s`."""
+    start = time.monotonic()
+    next_tick = tick_s
+    while True:
+        elapsed = time.monotonic() - start
+        if client.healthy():
+            return elapsed
+        if not alive():
+            raise ServerExited(elapsed)
+        if elapsed >= timeout_s:
+            raise ServerTimeout(elapsed)
+        if on_tick and elapsed >= next_tick:
+            on_tick(elapsed)
+            next_tick += tick_s
+        time.sleep(poll_s)
+
+
+class ServerExited(Exception):
+    def __init__(self, elapsed_s: float):
+        super().__init__(elapsed_s)
+        self.elapsed_s = elapsed_s
+
+
+class ServerTimeout(Exception):
+    def __init__(self, elapsed_s: float):
+        super().__init__(elapsed_s)
+        self.elapsed_s = elapsed_s
+
+
+def run_concurrent(client: Client, body: dict, batch: int) -> list:
+    """`batch` streaming generates at once (one thread each); returns their StreamResults."""
+    results: list = [None] * batch
+    errors: list = []
+
+    def one(i: int) -> None:
+        try:
+            results[i] = client.generate_stream(body)
+        except Exception as exc:  # re-raised in the caller's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(batch)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return results
+
+
+def ms_per_token(results: Sequence[StreamResult], max_token: int | None = None) -> float | None:
+    """Mean over the concurrent streams of their decode ms/token (at batch B this is the time of one step)."""
+    values = [v for v in (r.decode_ms_per_token(max_token) for r in results) if v is not None]
+    return mean(values) if values else None
+
+
+def spread(values: Sequence[float]) -> dict:
+    """Summary of repeated trials: median (the value reported), mean, min, max, population stdev, n."""
+    values = [v for v in values if v is not None]
+    if not values:
+        return {"n": 0}
+    return {"median": median(values), "mean": mean(values), "min": min(values), "max": max(values),
+            "stdev": pstdev(values), "n": len(values)}
+
+
+def curl(client: Client, path: str, body: dict | None = None) -> str:
+    """The request as a curl command line (for --dry-run)."""
+    if body is None:
+        return f"curl -s {client.url(path)}"
+    flags = "-sN " if body.get("stream") else "-s "
+    return (f"curl {flags}-X POST {client.url(path)} -H 'Content-Type: application/json' "
+            f"-d {shlex.quote(json.dumps(body, separators=(',', ':')))}")

@@ -1,0 +1,300 @@
+"""A stand-in for `python -m sglang.launch_server`, for driving `profattr capture` in CI without a GPU.
+
+    python tests/stub_sglang.py --model-path M --port P [--tp N] [--moe-runner-backend B] [other server args]
+
+It implements the behaviour the capture driver relies on, written from SGLang 0.5.16's source:
+- python/sglang/launch_server.py: the command line (`--model-path`, `--port`, `--host`, `--tp`,
+  `--moe-runner-backend`; other arguments are accepted and ignored here);
+- python/sglang/srt/entrypoints/http_server.py: `GET /health` answers 503 while the server starts and 200 once it
+  is up; `POST /generate` takes `input_ids` (or `text`) and `sampling_params`, and with `"stream": true` answers
+  server-sent events `data: {...}` and a final `data: [DONE]`; `/start_profile` and `/stop_profile` (GET or POST)
+  answer PLAIN TEXT ("Start profiling.\\n", "Stop profiling. This will take some time.\\n");
+- python/sglang/srt/managers/tokenizer_control_mixin.py: a failed profile request raises RuntimeError, which the
+  HTTP layer turns into status 500 (for example /stop_profile when no profile is in progress);
+- python/sglang/srt/managers/scheduler_components/profiler_manager.py: the window opens at once and, with
+  `num_steps`, closes by itself after that many forward steps (prefill or decode), checked before each step;
+- python/sglang/srt/managers/tokenizer_manager.py: streamed `output_ids` are cumulative;
+  `meta_info` carries `prompt_tokens`, `completion_tokens` and `finish_reason` ({"type": "length", ...}).
+
+One scheduler thread batches all running requests into forward steps, as SGLang's scheduler does; each step is an
+NVTX push/pop range `stub_forward_step`, and the profile window is a range `stub_profile_window` around the steps
+it holds, so a capture of the stub shows whether the driver opened the window where it should.
+
+Knobs (environment): STUB_SGLANG_STARTUP_S (seconds until healthy, default 0.5), STUB_SGLANG_STEP_MS (time per
+step, default 4), STUB_SGLANG_PROFILED_STEP_MS (inside the window, default 6), STUB_SGLANG_CRASH_AFTER_S (exit with
+code 3 after that many seconds, before becoming healthy), STUB_SGLANG_EVENTS (a file that receives one JSON line per
+launch, request and profile event).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+try:
+    import nvtx
+except ImportError:  # the stub still serves without NVTX
+    nvtx = None
+
+
+def _env_float(name: str, default: float) -> float:
+    return float(os.environ.get(name, default))
+
+
+STARTUP_S = _env_float("STUB_SGLANG_STARTUP_S", 0.5)
+STEP_MS = _env_float("STUB_SGLANG_STEP_MS", 4.0)
+PROFILED_STEP_MS = _env_float("STUB_SGLANG_PROFILED_STEP_MS", 6.0)
+CRASH_AFTER_S = os.environ.get("STUB_SGLANG_CRASH_AFTER_S")
+EVENTS = os.environ.get("STUB_SGLANG_EVENTS")
+_events_lock = threading.Lock()
+
+
+def log(message: str) -> None:
+    print(f"[stub-sglang] {message}", flush=True)
+
+
+def record(event: str, **data) -> None:
+    if not EVENTS:
+        return
+    with _events_lock, open(EVENTS, "a") as fh:
+        fh.write(json.dumps({"event": event, "time_s": time.time(), **data}) + "\n")
+
+
+def _push(name: str) -> None:
+    if nvtx is not None:
+        nvtx.push_range(name)
+
+
+def _pop() -> None:
+    if nvtx is not None:
+        nvtx.pop_range()
+
+
+class Request:
+    def __init__(self, prompt_tokens: int, max_new_tokens: int, seed: int):
+        self.prompt_tokens = prompt_tokens
+        self.max_new_tokens = max_new_tokens
+        self.seed = seed
+        self.output_ids: list = []
+        self.events: queue.Queue = queue.Queue()  # receives the token count after each step, None when done
+
+
+class Scheduler(threading.Thread):
+    """Batches running requests into forward steps; owns the profile window (like SGLang's scheduler process)."""
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.pending: queue.Queue = queue.Queue()
+        self.control: queue.Queue = queue.Queue()
+        self.running: list = []
+        self.forward_ct = 0
+        self.profiling = False
+        self.window_left = None
+        self.stopped = threading.Event()
+
+    # control requests run on this thread, between steps, and answer through a reply queue
+    def call(self, op: str, body: dict) -> tuple:
+        reply: queue.Queue = queue.Queue()
+        self.control.put((op, body, reply))
+        return reply.get(timeout=30)
+
+    def _start_profile(self, body: dict) -> tuple:
+        if self.profiling:
+            return False, "Profiling is already in progress. Call /stop_profile first."
+        self.profiling = True
+        self.window_left = body.get("num_steps")
+        _push("stub_profile_window")
+        record("start_profile", body=body, forward_ct=self.forward_ct)
+        log(f"Profiling starts (activities={body.get('activities')}, num_steps={self.window_left})")
+        return True, "Succeeded"
+
+    def _stop_profile(self, reason: str) -> tuple:
+        if not self.profiling:
+            return False, "Profiling is not in progress. Call /start_profile first."
+        self.profiling = False
+        _pop()
+        record("stop_profile", reason=reason, forward_ct=self.forward_ct)
+        log(f"Profiling done ({reason})")
+        return True, "Succeeded"
+
+    def run(self) -> None:
+        while not self.stopped.is_set():
+            while not self.control.empty():
+                op, body, reply = self.control.get()
+                reply.put(self._start_profile(body) if op == "start" else self._stop_profile("stop_profile"))
+            while not self.pending.empty():
+                self.running.append(self.pending.get())
+            if not self.running:
+                time.sleep(0.001)
+                continue
+            if self.profiling and self.window_left is not None and self.window_left <= 0:
+                self._stop_profile("num_steps")
+            self._step()
+        if self.profiling:  # push/pop ranges must end on the thread that opened them
+            self._stop_profile("shutdown")
+
+    def _step(self) -> None:
+        profiled = self.profiling
+        _push("stub_forward_step")
+        time.sleep((PROFILED_STEP_MS if profiled else STEP_MS) / 1e3)
+        _pop()
+        self.forward_ct += 1
+        if profiled and self.window_left is not None:
+            self.window_left -= 1
+        still = []
+        for req in self.running:
+            req.output_ids.append((req.seed + len(req.output_ids)) % 1000 + 1)
+            req.events.put(len(req.output_ids))
+            if len(req.output_ids) >= req.max_new_tokens:
+                req.events.put(None)
+            else:
+                still.append(req)
+        self.running = still
+
+
+SCHEDULER = Scheduler()
+STARTED = time.monotonic()
+
+
+class Handler(BaseHTTPRequestHandler):
+    server_version = "stub-sglang"
+
+    def log_message(self, fmt, *args):  # quiet: the driver's log should hold the stub's own lines
+        pass
+
+    def _send(self, status: int, body: bytes, content_type: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _text(self, status: int, text: str) -> None:
+        self._send(status, text.encode(), "text/plain; charset=utf-8")
+
+    def _json(self, status: int, obj) -> None:
+        self._send(status, json.dumps(obj).encode(), "application/json")
+
+    def _body(self) -> dict:
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        return json.loads(raw) if raw.strip() else {}
+
+    def do_GET(self):
+        if self.path in ("/health", "/health_generate"):
+            up = time.monotonic() - STARTED >= STARTUP_S
+            record("health", up=up)
+            return self._send(200 if up else 503, b"", "text/plain")
+        if self.path in ("/start_profile", "/stop_profile"):
+            return self._profile({})
+        self._json(404, {"detail": "Not Found"})
+
+    def do_POST(self):
+        try:
+            body = self._body()
+        except ValueError:
+            return self._json(400, {"error": {"message": "invalid JSON"}})
+        if self.path == "/generate":
+            return self._generate(body)
+        if self.path in ("/start_profile", "/stop_profile"):
+            return self._profile(body)
+        self._json(404, {"detail": "Not Found"})
+
+    def _profile(self, body: dict):
+        op = "start" if self.path == "/start_profile" else "stop"
+        ok, message = SCHEDULER.call(op, body)
+        if not ok:  # RuntimeError(message) in SGLang, answered by the framework as a plain 500
+            log(f"RuntimeError: {message}")
+            return self._text(500, "Internal Server Error")
+        self._text(200, "Start profiling.\n" if op == "start" else "Stop profiling. This will take some time.\n")
+
+    def _generate(self, body: dict):
+        ids = body.get("input_ids")
+        if ids is None and isinstance(body.get("text"), str):
+            ids = list(range(len(body["text"].split()) or 1))
+        if not isinstance(ids, list) or not ids or not all(isinstance(i, int) for i in ids):
+            return self._json(400, {"error": {"message": "input_ids must be a non-empty list of ints"}})
+        params = body.get("sampling_params") or {}
+        max_new = int(params.get("max_new_tokens", 128))
+        record("generate", prompt_tokens=len(ids), sampling_params=params, stream=bool(body.get("stream")))
+        req = Request(len(ids), max_new, seed=sum(ids))
+        started = time.monotonic()
+        SCHEDULER.pending.put(req)
+
+        def payload(count: int, done: bool) -> dict:
+            meta = {"id": f"stub-{id(req)}", "prompt_tokens": req.prompt_tokens, "completion_tokens": count,
+                    "finish_reason": {"type": "length", "length": count} if done else None,
+                    "e2e_latency": time.monotonic() - started}
+            return {"text": "", "output_ids": req.output_ids[:count], "meta_info": meta}
+
+        if not body.get("stream"):
+            count = 0
+            while (item := req.events.get()) is not None:
+                count = item
+            return self._json(200, payload(count, True))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()  # HTTP/1.0: the body ends when the connection closes
+        count = 0
+        while True:
+            item = req.events.get()
+            done = item is None
+            if not done:
+                count = item
+            if done or count < req.max_new_tokens:
+                self.wfile.write(b"data: " + json.dumps(payload(count, done)).encode() + b"\n\n")
+                self.wfile.flush()
+            if done:
+                break
+        self.wfile.write(b"data: [DONE]\n\n")
+        self.wfile.flush()
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="stub_sglang")
+    p.add_argument("--model-path", "--model", required=True)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--tp", "--tp-size", type=int, default=1)
+    p.add_argument("--moe-runner-backend", default="auto")
+    return p.parse_known_args(argv)
+
+
+def main(argv=None) -> int:
+    args, rest = parse_args(sys.argv[1:] if argv is None else argv)
+    record("launch", argv=sys.argv[1:], model_path=args.model_path, tp=args.tp,
+           moe_runner_backend=args.moe_runner_backend, port=args.port, extra=rest)
+    log(f"server args: model_path={args.model_path} tp={args.tp} moe_runner_backend={args.moe_runner_backend} "
+        f"port={args.port} extra={rest}")
+    if CRASH_AFTER_S is not None:
+        time.sleep(float(CRASH_AFTER_S))
+        log("Scheduler hit an exception: RuntimeError: CUDA error: out of memory (simulated)")
+        return 3
+    httpd = ThreadingHTTPServer((args.host, args.port), Handler)
+    httpd.daemon_threads = True
+    SCHEDULER.start()
+
+    def shutdown(signum, frame):
+        log(f"received {signal.Signals(signum).name}, shutting down")
+        record("shutdown", signal=signal.Signals(signum).name)
+        threading.Thread(target=httpd.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGINT, shutdown)
+    signal.signal(signal.SIGTERM, shutdown)
+    log(f"Uvicorn running on http://{args.host}:{args.port} (stub)")
+    httpd.serve_forever(poll_interval=0.1)
+    SCHEDULER.stopped.set()
+    SCHEDULER.join(timeout=5)
+    httpd.server_close()
+    log("shutdown complete")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,351 @@
+"""`profattr capture` with a real Nsight Systems: a CPU command (cpu_smoke), the full SGLang flow against the stub
+server (tests/stub_sglang.py, launched under nsys), the .qdstrm path of a target-only nsys and `--finish`.
+
+Expected numbers come from outside profattr: the SQL below on the export, the ranges cpu_smoke says it emitted,
+the requests the stub logged, the step times the stub was told to take, and `nsys --version`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from profattr.capture import nsys as nsys_tool
+from profattr.cli import cli
+from profattr.errors import ProfattrError
+
+STUB = Path(__file__).with_name("stub_sglang.py")
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def real_nsys() -> nsys_tool.Nsys:
+    """The nsys the product would use; skip without one, except in CI, where a missing nsys is a failure."""
+    try:
+        return nsys_tool.find_nsys()
+    except ProfattrError as exc:
+        if IN_CI:
+            pytest.fail(f"CI must have a real nsys (scripts/install-nsys): {exc.format_message()}")
+        pytest.skip(f"no nsys here: {exc.format_message()}")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def invoke(args, env=None):
+    return CliRunner().invoke(cli, args, env=env, catch_exceptions=False)
+
+
+def query(db: Path, sql: str, params=()):
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        return conn.execute(sql, params).fetchall()
+    finally:
+        conn.close()
+
+
+# NVTX push/pop ranges by name, straight from the export
+RANGES_BY_NAME = """
+SELECT COALESCE(s.value, n.text) AS name, COUNT(*) FROM NVTX_EVENTS n LEFT JOIN StringIds s ON s.id = n.textId
+WHERE n.eventType = 59 GROUP BY name"""
+# push/pop ranges with their text (nsys keeps a message in `text`, or in StringIds via `textId`)
+NAMED = """(SELECT n.rowid AS id, n.start, n."end", n.globalTid, COALESCE(s.value, n.text) AS name
+            FROM NVTX_EVENTS n LEFT JOIN StringIds s ON s.id = n.textId WHERE n.eventType = 59)"""
+# ranges named like ?1 lying inside a range named like ?2 on the same thread
+NESTED = f"""
+SELECT COUNT(DISTINCT i.id) FROM {NAMED} i JOIN {NAMED} o
+  ON i.globalTid = o.globalTid AND i.start >= o.start AND i."end" <= o."end" AND i.id != o.id
+WHERE i.name LIKE ? AND o.name LIKE ?"""
+
+
+# --- a real CPU capture: profattr capture -- python -m profattr.workloads.cpu_smoke -------------------------------
+
+@pytest.fixture(scope="module")
+def cpu_capture(tmp_path_factory):
+    tool = real_nsys()
+    out = tmp_path_factory.mktemp("cpu")
+    meta = out / "emitted.json"
+    result = invoke(["capture", "-o", str(out), "--name", "smoke", "--trace", "nvtx", "--capture-range", "none",
+                     "--", sys.executable, "-m", "profattr.workloads.cpu_smoke", "--steps", "7", "--layers", "3",
+                     "--meta-out", str(meta)])
+    return {"out": out, "result": result, "emitted": json.loads(meta.read_text()), "nsys": tool}
+
+
+@pytest.mark.nsys
+def test_cpu_capture_writes_report_export_and_run(cpu_capture):
+    out, result = cpu_capture["out"], cpu_capture["result"]
+    assert result.exit_code == 0, result.output
+    for suffix in (".nsys-rep", ".sqlite", ".run.json", ".log"):
+        assert (out / f"smoke{suffix}").stat().st_size > 0
+    assert not list(out.glob("*.partial"))
+
+
+@pytest.mark.nsys
+def test_cpu_capture_records_every_nvtx_range_the_program_emitted(cpu_capture):
+    db = cpu_capture["out"] / "smoke.sqlite"
+    recorded = dict(query(db, RANGES_BY_NAME))
+    assert recorded == cpu_capture["emitted"]["ranges"]  # 7 steps x 3 layers x (attention, mlp)
+    assert recorded["smoke_step"] == 7 and recorded["attention"] == 21
+    # nesting survives: every layer range inside a step, every block inside a layer
+    assert query(db, NESTED, ("layer_%", "smoke_step"))[0][0] == 21
+    assert query(db, NESTED, ("mlp", "layer_%"))[0][0] == 21
+
+
+@pytest.mark.nsys
+def test_cpu_capture_run_json_records_what_ran(cpu_capture):
+    out = cpu_capture["out"]
+    run = json.loads((out / "smoke.run.json").read_text())
+    assert run["schema"] == "profattr.run/1" and run["status"] == "complete" and run["target"] == "command"
+    assert run["commands"]["target"] == [sys.executable, "-m", "profattr.workloads.cpu_smoke", "--steps", "7",
+                                         "--layers", "3", "--meta-out", str(out / "emitted.json")]
+    profile = run["commands"]["profile"]
+    assert profile[1] == "profile" and "--trace=nvtx" in profile and "--sample=none" in profile
+    assert not any(a.startswith("--capture-range") for a in profile)
+    assert profile[-len(run["commands"]["target"]):] == run["commands"]["target"]
+    version = subprocess.run([cpu_capture["nsys"].path, "--version"], capture_output=True, text=True).stdout
+    assert run["nsys"]["version"] in version
+    from importlib.metadata import version as dist_version
+    assert run["packages"]["nvtx"] == dist_version("nvtx")
+    assert set(run["files"].values()) == {"smoke.nsys-rep", "smoke.sqlite", "smoke.run.json", "smoke.log"}
+    statuses = {f["check"]: f["status"] for f in run["check"]["findings"]}
+    assert statuses["kernels"] == "skip" and statuses["nvtx"] == "pass"
+
+
+@pytest.mark.nsys
+def test_cpu_capture_refuses_to_overwrite_without_force(cpu_capture):
+    out = cpu_capture["out"]
+    before = (out / "smoke.sqlite").stat().st_mtime_ns
+    result = invoke(["capture", "-o", str(out), "--name", "smoke", "--", sys.executable, "-c", "pass"])
+    assert result.exit_code == 2
+    assert "already exists" in result.output and "--force" in result.output and "smoke.sqlite" in result.output
+    assert (out / "smoke.sqlite").stat().st_mtime_ns == before
+
+
+@pytest.mark.nsys
+def test_window_that_never_opens_is_a_clear_error(tmp_path):
+    real_nsys()
+    result = invoke(["capture", "-o", str(tmp_path), "--name", "nowin", "--",
+                     sys.executable, "-m", "profattr.workloads.cpu_smoke", "--steps", "2"])
+    assert result.exit_code == 2
+    assert "nsys wrote no report" in result.output and "cudaProfilerStart" in result.output
+    run = json.loads((tmp_path / "nowin.run.json").read_text())
+    assert run["status"] == "complete" and "report" not in run["files"]
+
+
+# --- the SGLang flow against the stub server, under a real nsys -----------------------------------------------------
+# The stub (tests/stub_sglang.py) follows SGLang 0.5.16: python/sglang/launch_server.py (command line),
+# python/sglang/srt/entrypoints/http_server.py (/health, /generate with server-sent events, plain-text
+# /start_profile and /stop_profile), python/sglang/srt/managers/tokenizer_control_mixin.py (a failed profile
+# request is a 500), python/sglang/srt/managers/scheduler_components/profiler_manager.py (num_steps closes the
+# window by itself) and python/sglang/srt/managers/tokenizer_manager.py (cumulative streamed output_ids, meta_info).
+
+STEP_MS, PROFILED_STEP_MS = 4.0, 8.0
+SGL = dict(steps=5, batch=2, warmup=1, trials=3, input_len=12, max_new_tokens=16)
+
+
+def stub_env(events: Path, **extra) -> dict:
+    env = {"STUB_SGLANG_EVENTS": str(events), "STUB_SGLANG_STEP_MS": str(STEP_MS),
+           "STUB_SGLANG_PROFILED_STEP_MS": str(PROFILED_STEP_MS), "STUB_SGLANG_STARTUP_S": "0.3"}
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def stub_args(out: Path, model: Path, port: int, name: str = "stub", **kw) -> list:
+    o = dict(SGL, **kw)
+    return ["capture", "-o", str(out), "--name", name, "--model", str(model), "--backend", "cutlass", "--tp", "2",
+            "--port", str(port), "--launcher", f"{sys.executable} {STUB}", "--trace", "nvtx",
+            "--capture-range", "none", "--steps", str(o["steps"]), "--batch", str(o["batch"]),
+            "--warmup", str(o["warmup"]), "--trials", str(o["trials"]), "--input-len", str(o["input_len"]),
+            "--max-new-tokens", str(o["max_new_tokens"]), "--health-timeout", str(o.get("health_timeout", 60)),
+            "--", "--load-format", "dummy", "--skip-tokenizer-init"]
+
+
+def events_of(path: Path) -> list:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+@pytest.fixture(scope="module")
+def stub_capture(tmp_path_factory):
+    real_nsys()
+    out = tmp_path_factory.mktemp("stub")
+    model = out / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    events = out / "events.jsonl"
+    result = invoke(stub_args(out, model, free_port()), env=stub_env(events))
+    run = json.loads((out / "stub.run.json").read_text())
+    return {"out": out, "model": model, "result": result, "run": run, "events": events_of(events)}
+
+
+@pytest.mark.nsys
+def test_stub_flow_completes_and_checks(stub_capture):
+    result, run = stub_capture["result"], stub_capture["run"]
+    assert result.exit_code == 0, result.output
+    assert run["status"] == "complete"
+    assert {"stub.nsys-rep", "stub.sqlite", "stub.run.json", "stub.log"} <= set(run["files"].values())
+    assert "overhead" in result.output  # the check table is printed
+
+
+@pytest.mark.nsys
+def test_stub_server_got_the_command_line(stub_capture):
+    launch = [e for e in stub_capture["events"] if e["event"] == "launch"]
+    assert len(launch) == 1
+    assert launch[0]["argv"][:6] == ["--model-path", str(stub_capture["model"]), "--tp", "2",
+                                     "--moe-runner-backend", "flashinfer_cutlass"]
+    assert launch[0]["extra"] == ["--load-format", "dummy", "--skip-tokenizer-init"]
+    run = stub_capture["run"]
+    assert run["backend"] == {"requested": "cutlass", "sglang": "flashinfer_cutlass"}
+    assert run["tp"] == 2 and run["model"] == str(stub_capture["model"])
+    assert run["server"]["args"] == ["--load-format", "dummy", "--skip-tokenizer-init"]
+
+
+@pytest.mark.nsys
+def test_stub_requests_follow_the_protocol(stub_capture):
+    ev = stub_capture["events"]
+    gens = [e for e in ev if e["event"] == "generate"]
+    # warm-up, timed rounds and the window round, each with `batch` concurrent streams
+    assert len(gens) == (SGL["warmup"] + SGL["trials"] + 1) * SGL["batch"]
+    for g in gens:
+        assert g["prompt_tokens"] == SGL["input_len"] and g["stream"] is True
+        assert g["sampling_params"] == {"max_new_tokens": SGL["max_new_tokens"], "temperature": 0, "ignore_eos": True}
+    starts = [e for e in ev if e["event"] == "start_profile"]
+    assert [s["body"] for s in starts] == [{"activities": ["CUDA_PROFILER"], "num_steps": SGL["steps"]}]
+    order = [e["event"] for e in ev if e["event"] in ("generate", "start_profile")]
+    assert order.index("start_profile") == (SGL["warmup"] + SGL["trials"]) * SGL["batch"]
+    assert [e["reason"] for e in ev if e["event"] == "stop_profile"] == ["num_steps"]
+    assert [e["signal"] for e in ev if e["event"] == "shutdown"] == ["SIGINT"]  # stopped cleanly
+    window = stub_capture["run"]["window"]
+    assert window["closed_by"] == "num_steps" and window["start_profile_answer"] == "Start profiling."
+
+
+@pytest.mark.nsys
+def test_stub_window_holds_the_requested_steps(stub_capture):
+    db = stub_capture["out"] / "stub.sqlite"
+    assert query(db, f"SELECT COUNT(*) FROM {NAMED} WHERE name = 'stub_profile_window'") == [(1,)]
+    assert query(db, NESTED, ("stub_forward_step", "stub_profile_window"))[0][0] == SGL["steps"]
+
+
+@pytest.mark.nsys
+def test_stub_timing_matches_the_step_times(stub_capture):
+    timing = stub_capture["run"]["timing"]
+    # the stub sleeps STEP_MS per step outside the window and PROFILED_STEP_MS inside it (plus scheduling noise;
+    # the bounds keep the two phases apart: 4-7 ms vs 8-14 ms)
+    assert STEP_MS <= timing["ms_per_token_unprofiled"] < STEP_MS * 1.75
+    assert PROFILED_STEP_MS <= timing["ms_per_token_profiled"] < PROFILED_STEP_MS * 1.75
+    assert timing["unprofiled"]["n"] == SGL["trials"] and timing["unprofiled"]["min"] <= timing["unprofiled"]["max"]
+    # and against the capture itself: the median step range inside the window
+    db = stub_capture["out"] / "stub.sqlite"
+    durations = sorted(d for (d,) in query(db, f"""
+        SELECT i."end" - i.start FROM {NAMED} i JOIN {NAMED} o
+          ON i.globalTid = o.globalTid AND i.start >= o.start AND i."end" <= o."end"
+        WHERE i.name = 'stub_forward_step' AND o.name = 'stub_profile_window'"""))
+    median_ms = durations[len(durations) // 2] / 1e6
+    assert abs(timing["ms_per_token_profiled"] - median_ms) < 0.3 * median_ms
+    overhead = next(f for f in stub_capture["run"]["check"]["findings"] if f["check"] == "overhead")
+    assert overhead["status"] == "warn" and overhead["data"]["ratio"] > 1.3
+
+
+@pytest.mark.nsys
+def test_server_exiting_early_is_reported_with_its_log(tmp_path):
+    real_nsys()
+    events = tmp_path / "events.jsonl"
+    args = stub_args(tmp_path, tmp_path, free_port(), name="crash")
+    args[args.index("--capture-range") + 1] = "cudaProfilerApi"  # nothing recorded: nsys writes no report
+    result = invoke(args, env=stub_env(events, STUB_SGLANG_CRASH_AFTER_S=0.2))
+    assert result.exit_code == 2
+    assert "exited (code 3)" in result.output and "before it was healthy" in result.output
+    assert "CUDA error: out of memory (simulated)" in result.output  # the server's last log lines
+    assert "crash.log" in result.output
+    assert json.loads((tmp_path / "crash.run.json").read_text())["status"] == "failed"
+
+
+@pytest.mark.nsys
+def test_server_never_healthy_times_out_and_is_stopped(tmp_path):
+    real_nsys()
+    events = tmp_path / "events.jsonl"
+    args = stub_args(tmp_path, tmp_path, free_port(), name="slow", health_timeout=2)
+    args[args.index("--capture-range") + 1] = "cudaProfilerApi"
+    result = invoke(args, env=stub_env(events, STUB_SGLANG_STARTUP_S=120))
+    assert result.exit_code == 2
+    assert "not healthy after" in result.output and "--health-timeout 2" in result.output
+    assert "Uvicorn running" in result.output
+    assert [e["signal"] for e in events_of(events) if e["event"] == "shutdown"] == ["SIGINT"]
+
+
+@pytest.mark.nsys
+def test_ctrl_c_keeps_and_exports_what_nsys_wrote(tmp_path):
+    real_nsys()
+    events = tmp_path / "events.jsonl"
+    args = stub_args(tmp_path, tmp_path, free_port(), name="intr")
+    env = dict(os.environ, **stub_env(events, STUB_SGLANG_STARTUP_S=120))
+    proc = subprocess.Popen([sys.executable, "-m", "profattr", *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 60
+    while not any(e["event"] == "health" for e in events_of(events)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, output
+    assert "interrupted" in output and "intr.nsys-rep" in output and "intr.sqlite" in output
+    run = json.loads((tmp_path / "intr.run.json").read_text())
+    assert run["status"] == "interrupted" and run["capture"]["target_stopped_by"] == "SIGINT"
+    assert query(tmp_path / "intr.sqlite", "SELECT COUNT(*) FROM StringIds")[0][0] > 0
+
+
+# --- a target-only nsys leaves a .qdstrm; --finish imports, exports and checks it ----------------------------------
+
+def target_only_copy(tool: nsys_tool.Nsys, dest: Path) -> str | None:
+    """A copy of the target half of `tool` (hard links where possible) with no host-linux-x64 beside it."""
+    real = Path(os.path.realpath(tool.path))
+    candidates = [real] + [Path(p) for p in nsys_tool._script_targets(tool.path)]
+    target = next((c.parent for c in candidates if c.parent.name.startswith("target-linux")), None)
+    if target is None:
+        return None
+    copy = dest / target.name
+    try:
+        subprocess.run(["cp", "-al", str(target), str(copy)], check=True, capture_output=True)
+    except (subprocess.CalledProcessError, OSError):
+        shutil.copytree(target, copy, symlinks=True)
+    return str(copy / "nsys")
+
+
+@pytest.mark.nsys
+def test_qdstrm_capture_then_finish(tmp_path):
+    tool = real_nsys()
+    if not tool.importer:
+        pytest.skip("this nsys has no importer to finish with")
+    target_nsys = target_only_copy(tool, tmp_path)
+    if target_nsys is None:
+        pytest.skip("this nsys install has no target-linux-x64 folder to copy")
+    assert nsys_tool.find_importer(target_nsys) is None
+    out = tmp_path / "cap"
+    result = invoke(["capture", "-o", str(out), "--nsys", target_nsys, "--trace", "nvtx", "--capture-range", "none",
+                     "--", sys.executable, "-m", "profattr.workloads.cpu_smoke", "--steps", "4"])
+    assert result.exit_code == 0, result.output
+    assert (out / "cpu_smoke.qdstrm").exists() and not (out / "cpu_smoke.nsys-rep").exists()
+    assert "--finish" in result.output
+    run = json.loads((out / "cpu_smoke.run.json").read_text())
+    assert run["status"] == "needs_import" and run["nsys"]["importer"] is None
+    unfinished = invoke(["check", str(out)])
+    assert unfinished.exit_code == 2 and "--finish" in unfinished.output
+
+    finished = invoke(["capture", "--finish", str(out)])
+    assert finished.exit_code == 0, finished.output
+    run = json.loads((out / "cpu_smoke.run.json").read_text())
+    assert run["status"] == "complete" and run["commands"]["import"][0] == tool.importer
+    assert dict(query(out / "cpu_smoke.sqlite", RANGES_BY_NAME))["smoke_step"] == 4
+    assert invoke(["check", str(out)]).exit_code == 0
+    again = invoke(["capture", "--finish", str(out)])
+    assert again.exit_code == 2 and "--force" in again.output
