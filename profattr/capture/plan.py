@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import re
 import shlex
-import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -134,8 +133,8 @@ def _workload_command(opts: Options, meta_path: Path) -> list:
     args = ["--mode", opts.mode, "--moe-impl", opts.moe_impl, "--graph-window", opts.graph_window,
             "--steps", str(opts.steps), "--batch", str(opts.batch), "--meta-out", str(meta_path), *opts.args]
     if opts.tp > 1:
-        runner = shutil.which("torchrun")
-        head = [runner] if runner else [sys.executable, "-m", "torch.distributed.run"]
+        # torch's own launcher, run by this Python: a `torchrun` on PATH may belong to another environment
+        head = [sys.executable, "-m", "torch.distributed.run"]
         return [*head, "--nproc-per-node", str(opts.tp), "-m", WORKLOAD_MODULE, *args]
     return [sys.executable, "-m", WORKLOAD_MODULE, *args]
 
