@@ -2,6 +2,7 @@
 # Re-make the committed example captures on a GPU machine with `profattr capture` (run from the checkout's root).
 #
 #   scripts/make-example-captures.sh workload OUTDIR           built-in workload: eager/graph, loop/grouped, TP2
+#                                      (ONLY="name name" re-makes only those captures)
 #   scripts/make-example-captures.sh sglang OUTDIR MODEL_DIR   SGLang with two MoE runner backends, one GPU each
 #
 # Where only the nsys CLI is installed (no host importer), each capture leaves NAME.qdstrm; finish it on a machine
@@ -13,13 +14,21 @@ cap() { python3 -m profattr capture -o "$out" --steps 20 "$@" || echo "capture f
 case "$what" in
   workload)
     w=(--workload moe-decode --timeout 240)
-    cap "${w[@]}" --mode eager --moe-impl loop --name wl-eager-loop
-    cap "${w[@]}" --mode eager --moe-impl grouped --name wl-eager-grouped
-    cap "${w[@]}" --mode graph --moe-impl grouped --graph-window after --name wl-graph-grouped-after
-    cap "${w[@]}" --mode graph --moe-impl grouped --graph-window before --name wl-graph-grouped-before
-    cap "${w[@]}" --mode graph --moe-impl loop --graph-window before --name wl-graph-loop-before
-    if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
-      cap "${w[@]}" --mode graph --moe-impl grouped --graph-window before --tp 2 --name wl-graph-grouped-tp2
+    # grouped experts as gather + bmm: torch._grouped_mm launches through a CUDA 13 runtime call that Nsight
+    # Systems 2023.4.4's importer cannot decode ("Unknown runtime API function index: 468"), which ends the import.
+    g=(-- --grouped-kernel bmm)
+    only=${ONLY:-all}
+    run() { [ "$only" = all ] || [[ " $only " == *" $1 "* ]]; }
+    run wl-eager-loop && cap "${w[@]}" --mode eager --moe-impl loop --name wl-eager-loop
+    run wl-eager-grouped && cap "${w[@]}" --mode eager --moe-impl grouped --name wl-eager-grouped "${g[@]}"
+    run wl-graph-grouped-after && cap "${w[@]}" --mode graph --moe-impl grouped --graph-window after \
+      --name wl-graph-grouped-after "${g[@]}"
+    run wl-graph-grouped-before && cap "${w[@]}" --mode graph --moe-impl grouped --graph-window before \
+      --name wl-graph-grouped-before "${g[@]}"
+    run wl-graph-loop-before && cap "${w[@]}" --mode graph --moe-impl loop --graph-window before \
+      --name wl-graph-loop-before
+    if run wl-graph-grouped-tp2 && [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
+      cap "${w[@]}" --mode graph --moe-impl grouped --graph-window before --tp 2 --name wl-graph-grouped-tp2 "${g[@]}"
     fi
     ;;
   sglang)
