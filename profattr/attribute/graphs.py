@@ -22,8 +22,13 @@ def node_creation(export: Export):
         if export.has(table) and {"graphNodeId", "originalGraphNodeId"} <= export.columns(table):
             ev = export.arrays(load_query("graph_node_events", table=table), ["node", "original", "start", "tid"])
             if len(ev["node"]):
-                order = np.argsort(ev["node"], kind="stable")
-                return {k: v[order] for k, v in ev.items()}
+                # a node can have two events (its creation, and its cloning at instantiation, which names the
+                # original): per node, keep the event that points back to an original, so the chain continues
+                order = np.lexsort((-ev["original"], ev["node"]))
+                ev = {k: v[order] for k, v in ev.items()}
+                first = np.ones(len(ev["node"]), dtype=bool)
+                first[1:] = ev["node"][1:] != ev["node"][:-1]
+                return {k: v[first] for k, v in ev.items()}
     return None
 
 
