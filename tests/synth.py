@@ -27,8 +27,8 @@ class Builder:
         self.conn = sqlite3.connect(self.path)
         statements = SCHEMA.read_text().split(";\n")
         for stmt in statements:
-            stmt = stmt.strip()
-            if not stmt or stmt.startswith("--") and "CREATE" not in stmt:
+            stmt = "\n".join(line for line in stmt.splitlines() if not line.startswith("--")).strip()
+            if not stmt:
                 continue
             name = stmt.split("(")[0].split()[-1]
             if tables is None or name in tables or name in ("StringIds", "META_DATA_EXPORT"):
