@@ -1,12 +1,11 @@
--- Every kernel execution: when and where it ran, the launch it belongs to (correlationId within its process),
--- and its names (StringIds ids). Optional columns are filled in by the reader: {graph_node_id}, {stream_id}.
+-- (SQLite gives << >> & | one precedence, left to right: every group is parenthesised.)
+-- Every kernel execution, packed into few integers (fetching is the cost that matters on big exports):
+--   packed     = deviceId << 56 | (streamId & 0xFFFFFF) << 32 | demangled name id (StringIds)
+--   launch_key = (vm + process bits of globalPid) << 32 | correlationId   -- the key of its launch call
+-- {stream_id} and {graph_node_id} are filled in by the reader (optional columns).
 SELECT k.start,
        k."end",
-       k.deviceId,
-       k.correlationId,
-       k.globalPid,
-       k.shortName,
-       COALESCE(k.demangledName, k.shortName),
-       {graph_node_id},
-       {stream_id}
+       ((k.deviceId << 56) | ((({stream_id}) & 16777215) << 32)) | COALESCE(k.demangledName, k.shortName),
+       (((k.globalPid >> 24) & 4294967295) << 32) | (k.correlationId & 4294967295),
+       {graph_node_id}
 FROM CUPTI_ACTIVITY_KIND_KERNEL AS k

@@ -1,11 +1,8 @@
--- Every memcpy on the GPU timeline; copyKind is ENUM_CUDA_MEMCPY_OPER (1 HtoD, 2 DtoH, 8 DtoD, 10 PtoP, ...).
+-- Every memcpy, packed as in gpu_kernels.sql, with copyKind (ENUM_CUDA_MEMCPY_OPER: 1 HtoD, 2 DtoH, 8 DtoD, 10 PtoP)
+-- in place of the name id.
 SELECT m.start,
        m."end",
-       m.deviceId,
-       m.correlationId,
-       m.globalPid,
-       COALESCE(m.copyKind, 0),
-       COALESCE(m.bytes, 0),
-       {graph_node_id},
-       {stream_id}
+       ((m.deviceId << 56) | ((({stream_id}) & 16777215) << 32)) | COALESCE(m.copyKind, 0),
+       (((m.globalPid >> 24) & 4294967295) << 32) | (m.correlationId & 4294967295),
+       {graph_node_id}
 FROM CUPTI_ACTIVITY_KIND_MEMCPY AS m

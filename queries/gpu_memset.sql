@@ -1,10 +1,7 @@
--- Every memset on the GPU timeline.
+-- Every memset, packed as in gpu_kernels.sql (no name id).
 SELECT m.start,
        m."end",
-       m.deviceId,
-       m.correlationId,
-       m.globalPid,
-       COALESCE(m.bytes, 0),
-       {graph_node_id},
-       {stream_id}
+       (m.deviceId << 56) | ((({stream_id}) & 16777215) << 32),
+       (((m.globalPid >> 24) & 4294967295) << 32) | (m.correlationId & 4294967295),
+       {graph_node_id}
 FROM CUPTI_ACTIVITY_KIND_MEMSET AS m

@@ -13,7 +13,6 @@ import numpy as np
 from profattr.errors import ProfattrError
 from profattr.trace.reader import KERNEL, MEMCPY, MEMSET, RUNTIME, Export, load_query
 
-PID_MASK = np.int64(~0xFFFFFF)  # keeps hardware, VM and process bits of a globalTid
 
 # Op kinds
 KIND_KERNEL, KIND_MEMCPY, KIND_MEMSET = 0, 1, 2
@@ -35,7 +34,7 @@ class Ops:
     end: np.ndarray
     device: np.ndarray
     correlation: np.ndarray
-    pid: np.ndarray
+    pid: np.ndarray  # VM and process bits of the globalPid (globalPid >> 24)
     name_id: np.ndarray
     demangled_id: np.ndarray
     graph_node: np.ndarray
@@ -64,7 +63,16 @@ def memop_name(code: int) -> str:
 
 def _optional(export: Export, table: str, alias: str) -> dict:
     return {"graph_node_id": f"COALESCE({export.column_or(table, 'graphNodeId', alias, '-1')}, -1)",
-            "stream_id": f"COALESCE({export.column_or(table, 'streamId', alias, '-1')}, -1)"}
+            "stream_id": f"COALESCE({export.column_or(table, 'streamId', alias, '0')}, 0)"}
+
+
+PACKED_COLS = ["start", "end", "packed", "launch_key", "graph_node"]
+LOW32 = np.int64(0xFFFFFFFF)
+
+
+def _fetch(export: Export, table: str, query: str) -> dict:
+    return export.arrays(load_query(query, **_optional(export, table, "k" if table == KERNEL else "m")),
+                         PACKED_COLS, max_rows=export.count(table))
 
 
 def load_ops(export: Export, include_memory: bool = True) -> Ops:
@@ -78,56 +86,60 @@ def load_ops(export: Export, include_memory: bool = True) -> Ops:
                 hint = ("the capture has cudaGraphLaunch calls but no kernel rows: it was made with "
                         "`--cuda-graph-trace=graph`; capture again with `--cuda-graph-trace=node`")
         raise ProfattrError(f"{export.path}: no CUDA kernel data; {hint}")
-    cols = ["start", "end", "device", "correlation", "pid", "name_id", "demangled_id", "graph_node", "stream"]
-    parts = [export.arrays(load_query("gpu_kernels", **_optional(export, KERNEL, "k")), cols)]
-    kinds = [np.full(len(parts[0]["start"]), KIND_KERNEL, dtype=np.int8)]
+    parts = [(_fetch(export, KERNEL, "gpu_kernels"), KIND_KERNEL)]
     tables = [KERNEL]
-    if include_memory and export.has(MEMCPY):
-        m = export.arrays(load_query("gpu_memcpy", **_optional(export, MEMCPY, "m")),
-                          ["start", "end", "device", "correlation", "pid", "copy_kind", "bytes", "graph_node",
-                           "stream"])
-        m["name_id"] = m["demangled_id"] = -1 - m.pop("copy_kind")
-        m.pop("bytes")
-        parts.append(m)
-        kinds.append(np.full(len(m["start"]), KIND_MEMCPY, dtype=np.int8))
-        tables.append(MEMCPY)
-    if include_memory and export.has(MEMSET):
-        m = export.arrays(load_query("gpu_memset", **_optional(export, MEMSET, "m")),
-                          ["start", "end", "device", "correlation", "pid", "bytes", "graph_node", "stream"])
-        m.pop("bytes")
-        m["name_id"] = m["demangled_id"] = np.full(len(m["start"]), -100, dtype=np.int64)
-        parts.append(m)
-        kinds.append(np.full(len(m["start"]), KIND_MEMSET, dtype=np.int8))
-        tables.append(MEMSET)
-    merged = {c: np.concatenate([p[c] for p in parts]) for c in cols}
-    kind = np.concatenate(kinds)
-    launch_tid, launch_ns = _join_launches(export, tables, merged["pid"], merged["correlation"])
-    return Ops(kind=kind, launch_tid=launch_tid, launch_ns=launch_ns, **merged)
+    if include_memory:
+        for table, query, kind in ((MEMCPY, "gpu_memcpy", KIND_MEMCPY), (MEMSET, "gpu_memset", KIND_MEMSET)):
+            if export.has(table):
+                parts.append((_fetch(export, table, query), kind))
+                tables.append(table)
+    cols = {c: np.concatenate([p[c] for p, _ in parts]) if len(parts) > 1 else parts[0][0][c]
+            for c in PACKED_COLS}
+    kind = np.concatenate([np.full(len(p["start"]), k, dtype=np.int8) for p, k in parts])
+    packed = cols.pop("packed")
+    low = packed & LOW32
+    # names: kernels carry their demangled-name id; memory ops get negative codes (see Ops)
+    demangled_id = np.where(kind == KIND_KERNEL, low, np.where(kind == KIND_MEMCPY, -1 - low, -100))
+    name_id = _short_names(export, demangled_id)
+    key = cols.pop("launch_key")
+    launch_tid, launch_ns = _join_launches(export, tables, key)
+    return Ops(start=cols["start"], end=cols["end"], device=packed >> 56, correlation=key & LOW32, pid=key >> 32,
+               name_id=name_id, demangled_id=demangled_id, graph_node=cols["graph_node"],
+               stream=(packed >> 32) & 0xFFFFFF, kind=kind, launch_tid=launch_tid, launch_ns=launch_ns)
 
 
-def _join_launches(export: Export, tables, pid: np.ndarray, corr: np.ndarray):
-    """For each activity, the thread and start time of its launch call (-1 when absent), by a sorted-key join."""
-    n = len(pid)
+def _short_names(export: Export, demangled_id: np.ndarray) -> np.ndarray:
+    """Short-name id per op, from the (demangled, short) pairs of the kernel table (few distinct names)."""
+    pairs = np.array(export.query(load_query("kernel_names")), dtype=np.int64).reshape(-1, 2)
+    out = demangled_id.copy()
+    if len(pairs):
+        order = np.argsort(pairs[:, 0])
+        keys, vals = pairs[order, 0], pairs[order, 1]
+        pos = np.clip(np.searchsorted(keys, demangled_id), 0, len(keys) - 1)
+        hit = (keys[pos] == demangled_id) & (demangled_id >= 0)
+        out[hit] = vals[pos[hit]]
+    return out
+
+
+def _join_launches(export: Export, tables, op_key: np.ndarray):
+    """For each activity, the thread and start time of its launch call (-1 when absent), by a sorted-key join.
+
+    key = (VM and process bits) << 32 | correlationId: correlationIds are 32-bit and unique within a process.
+    """
+    n = len(op_key)
     tid_out = np.full(n, -1, dtype=np.int64)
     ns_out = np.full(n, -1, dtype=np.int64)
     if not export.has(RUNTIME) or n == 0:
         return tid_out, ns_out
     union = " UNION ALL ".join(f"SELECT correlationId FROM {t}" for t in tables)
-    calls = export.arrays(load_query("launch_calls", gpu_correlations=union),
-                          ["correlation", "tid", "start", "end", "name_id"])
-    if len(calls["tid"]) == 0:
+    calls = export.arrays(load_query("launch_calls", gpu_correlations=union), ["key", "tid", "start"], max_rows=n)
+    if len(calls["key"]) == 0:
         return tid_out, ns_out
-    # key = (process index, correlationId): correlationIds are 32-bit and unique within a process
-    call_pid = calls["tid"] & PID_MASK
-    pids, inverse = np.unique(np.concatenate([call_pid, pid]), return_inverse=True)
-    call_key = (inverse[:len(call_pid)].astype(np.int64) << 32) | (calls["correlation"] & 0xFFFFFFFF)
-    op_key = (inverse[len(call_pid):].astype(np.int64) << 32) | (corr & 0xFFFFFFFF)
-    order = np.argsort(call_key, kind="stable")
-    sorted_keys = call_key[order]
-    pos = np.searchsorted(sorted_keys, op_key)
-    pos_clipped = np.minimum(pos, len(sorted_keys) - 1)
-    found = sorted_keys[pos_clipped] == op_key
-    hit = order[pos_clipped[found]]
+    order = np.argsort(calls["key"], kind="stable")
+    sorted_keys = calls["key"][order]
+    pos = np.minimum(np.searchsorted(sorted_keys, op_key), len(sorted_keys) - 1)
+    found = sorted_keys[pos] == op_key
+    hit = order[pos[found]]
     tid_out[found] = calls["tid"][hit]
     ns_out[found] = calls["start"][hit]
     return tid_out, ns_out

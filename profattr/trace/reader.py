@@ -22,6 +22,7 @@ RUNTIME = "CUPTI_ACTIVITY_KIND_RUNTIME"
 MEMCPY = "CUPTI_ACTIVITY_KIND_MEMCPY"
 MEMSET = "CUPTI_ACTIVITY_KIND_MEMSET"
 NVTX = "NVTX_EVENTS"
+CHUNK_ROWS = 65536  # rows fetched per step: bounds the Python objects alive at once
 QUERIES_DIR = Path(__file__).resolve().parent.parent / "queries"
 
 
@@ -67,22 +68,41 @@ class Export:
         except sqlite3.DatabaseError as exc:
             raise _database_error(self.path, exc) from None
 
-    def arrays(self, sql: str, names: Sequence[str], params: Sequence = ()) -> dict:
-        """Run `sql` and return its integer columns as int64 numpy arrays, without building a row list.
+    def arrays(self, sql: str, names: Sequence[str], params: Sequence = (), max_rows: int | None = None) -> dict:
+        """Run `sql` and return its integer columns as contiguous int64 numpy arrays, without a row list.
 
-        NULLs must be replaced in SQL (COALESCE): integer columns only.
+        Rows are pulled in chunks straight into one column-major buffer (each column contiguous), so memory is
+        the result plus one chunk. `max_rows`, when known (an upper bound), sizes the buffer once. NULLs must be
+        replaced in SQL (COALESCE): integer columns only.
         """
         ncols = len(names)
         cursor = self._run(sql, params)
+        capacity = max(int(max_rows or 0), 1)
+        buf = np.empty((ncols, capacity), dtype=np.int64)
+        filled = 0
         try:
-            flat = np.fromiter(itertools.chain.from_iterable(cursor), dtype=np.int64)
+            while True:
+                chunk = cursor.fetchmany(CHUNK_ROWS)
+                if not chunk:
+                    break
+                n = len(chunk)
+                block = np.fromiter(itertools.chain.from_iterable(chunk), dtype=np.int64, count=n * ncols)
+                if filled + n > capacity:
+                    capacity = max(2 * capacity, filled + n)
+                    grown = np.empty((ncols, capacity), dtype=np.int64)
+                    grown[:, :filled] = buf[:, :filled]
+                    buf = grown
+                buf[:, filled:filled + n] = block.reshape(n, ncols).T
+                filled += n
         except sqlite3.DatabaseError as exc:
             raise _database_error(self.path, exc) from None
         except TypeError:
             raise ProfattrError(f"{self.path}: unexpected NULL in an integer column of a query; "
                                 "the export looks damaged (re-export it with `nsys export --type sqlite`)") from None
-        flat = flat.reshape(-1, ncols) if ncols else flat
-        return {name: np.ascontiguousarray(flat[:, i]) for i, name in enumerate(names)}
+        return {name: buf[i, :filled] for i, name in enumerate(names)}
+
+    def count(self, table: str) -> int:
+        return int(self.query(f"SELECT count(*) FROM {table}")[0][0]) if self.has(table) else 0
 
     def strings(self, ids: Iterable[int]) -> dict:
         """StringIds values for the given ids (nsys interns every name)."""
