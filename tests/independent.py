@@ -13,10 +13,11 @@ from collections import defaultdict
 # GPU ops (kernels, memcpys, memsets) with their launch call's thread and start.
 OPS_CTE = """
 ops AS (
-  SELECT k.start AS s, k."end" AS e, k.deviceId AS dev, 'K' AS kind, sn.value AS name,
+  SELECT k.start AS s, k."end" AS e, k.deviceId AS dev, 'K' AS kind, sn.value AS name, dn.value AS demangled,
          r.globalTid AS tid, r.start AS api
   FROM CUPTI_ACTIVITY_KIND_KERNEL k
   JOIN StringIds sn ON sn.id = k.shortName
+  JOIN StringIds dn ON dn.id = k.demangledName
   JOIN CUPTI_ACTIVITY_KIND_RUNTIME r
     ON r.correlationId = k.correlationId AND (r.globalTid & -16777216) = k.globalPid
   {memops}
@@ -25,13 +26,13 @@ ops AS (
 MEMOPS = {
     "CUPTI_ACTIVITY_KIND_MEMCPY": """
   UNION ALL
-  SELECT m.start, m."end", m.deviceId, 'M', 'memcpy', r.globalTid, r.start
+  SELECT m.start, m."end", m.deviceId, 'M', 'memcpy', 'memcpy', r.globalTid, r.start
   FROM CUPTI_ACTIVITY_KIND_MEMCPY m
   JOIN CUPTI_ACTIVITY_KIND_RUNTIME r
     ON r.correlationId = m.correlationId AND (r.globalTid & -16777216) = m.globalPid""",
     "CUPTI_ACTIVITY_KIND_MEMSET": """
   UNION ALL
-  SELECT m.start, m."end", m.deviceId, 'M', 'memset', r.globalTid, r.start
+  SELECT m.start, m."end", m.deviceId, 'M', 'memset', 'memset', r.globalTid, r.start
   FROM CUPTI_ACTIVITY_KIND_MEMSET m
   JOIN CUPTI_ACTIVITY_KIND_RUNTIME r
     ON r.correlationId = m.correlationId AND (r.globalTid & -16777216) = m.globalPid""",
@@ -69,7 +70,8 @@ def _tables(conn) -> set:
 
 
 def expected_budget(path, step_cte: str, params: dict) -> dict:
-    """Per device: median step span (ms), kernels per step, and per kernel name: (ms/step, count/step)."""
+    """Per device: median step span (ms), kernels per step, and (ms/step, count/step) per kernel short name and
+    per (short, demangled) pair."""
     conn = _connect(path)
     tables = _tables(conn)
     memops = "".join(sql for t, sql in MEMOPS.items() if t in tables)
@@ -83,6 +85,9 @@ def expected_budget(path, step_cte: str, params: dict) -> dict:
     per_kernel = conn.execute(sql + """
         SELECT dev, name, sum(e - s), count(*) FROM assigned WHERE kind = 'K' GROUP BY dev, name""",
                               params).fetchall()
+    per_demangled = conn.execute(sql + """
+        SELECT dev, name, demangled, sum(e - s), count(*) FROM assigned WHERE kind = 'K'
+        GROUP BY dev, name, demangled""", params).fetchall()
     conn.close()
     out: dict = defaultdict(lambda: {"spans_ns": [], "kernels": 0, "per_kernel": {}})
     for dev, _step, s, e, nk in spans:
@@ -92,10 +97,13 @@ def expected_budget(path, step_cte: str, params: dict) -> dict:
     for dev, d in out.items():
         n = len(d["spans_ns"])
         result[dev] = {"steps": n, "step_ms": statistics.median(d["spans_ns"]) / 1e6,
-                       "kernels_per_step": d["kernels"] / n, "per_kernel": {}}
+                       "kernels_per_step": d["kernels"] / n, "per_kernel": {}, "per_demangled": {}}
     for dev, name, ns, count in per_kernel:
         n = result[dev]["steps"]
         result[dev]["per_kernel"][name] = (ns / n / 1e6, count / n)
+    for dev, name, demangled, ns, count in per_demangled:
+        n = result[dev]["steps"]
+        result[dev]["per_demangled"][(name, demangled)] = (ns / n / 1e6, count / n)
     return result
 
 
