@@ -11,6 +11,8 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+
+from conftest import WORKLOAD_CAPTURES
 from click.testing import CliRunner
 
 from profattr.cli import cli
@@ -127,21 +129,12 @@ def test_run_json_is_found_beside_a_dotted_capture_name():
     assert run_json_path(Path("d/x.nsys-rep")) == Path("d/x.run.json")
 
 
-def _real_workload_captures():
-    found = []
-    for folder in (ROOT / "tests" / "data", ROOT / "examples"):
-        for run_json in sorted(folder.rglob("*.run.json")):
-            sqlite_path = run_json.with_name(run_json.name[: -len(".run.json")] + ".sqlite")
-            if sqlite_path.exists() and "workload" in json.loads(run_json.read_text()):
-                found.append(sqlite_path)
-    return found
-
-
-@pytest.mark.parametrize("sqlite_path", _real_workload_captures() or [None])
-def test_waterfall_closes_on_real_workload_captures(sqlite_path):
-    if sqlite_path is None:
-        pytest.skip("no real capture of the built-in workload with its run.json is committed yet")
-    result = CliRunner().invoke(cli, ["gap", str(sqlite_path), "--format", "json"])
+@pytest.mark.parametrize("name", WORKLOAD_CAPTURES)
+def test_waterfall_closes_on_real_workload_captures(name, export_example, tmp_path):
+    # the committed run.json sits beside the committed capture; the export may live elsewhere: pass it explicitly
+    sqlite_path = export_example(name)
+    run_json = ROOT / "examples" / "h200" / f"{name}.run.json"
+    result = CliRunner().invoke(cli, ["gap", str(sqlite_path), "--run-json", str(run_json), "--format", "json"])
     assert result.exit_code == 0, result.output
     gap = json.loads(result.output)
     conn = sqlite3.connect(f"file:{sqlite_path}?mode=ro", uri=True)
