@@ -243,7 +243,9 @@ def test_stub_timing_matches_the_step_times(stub_capture):
     # the stub sleeps STEP_MS per step outside the window and PROFILED_STEP_MS inside it (plus scheduling noise;
     # the bounds keep the two phases apart: 4-7 ms vs 8-14 ms)
     assert STEP_MS <= timing["ms_per_token_unprofiled"] < STEP_MS * 1.75
-    assert PROFILED_STEP_MS <= timing["ms_per_token_profiled"] < PROFILED_STEP_MS * 1.75
+    # client-side only: this capture traces no CUDA, so there are no GPU steps to measure it in
+    assert PROFILED_STEP_MS <= timing["ms_per_token_profiled_client"] < PROFILED_STEP_MS * 1.75
+    assert "ms_per_token_profiled" not in timing and "cudaProfilerStop" in timing["profiled_client_caveat"]
     assert timing["unprofiled"]["n"] == SGL["trials"] and timing["unprofiled"]["min"] <= timing["unprofiled"]["max"]
     # and against the capture itself: the median step range inside the window
     db = stub_capture["out"] / "stub.sqlite"
@@ -252,9 +254,10 @@ def test_stub_timing_matches_the_step_times(stub_capture):
           ON i.globalTid = o.globalTid AND i.start >= o.start AND i."end" <= o."end"
         WHERE i.name = 'stub_forward_step' AND o.name = 'stub_profile_window'"""))
     median_ms = durations[len(durations) // 2] / 1e6
-    assert abs(timing["ms_per_token_profiled"] - median_ms) < 0.3 * median_ms
+    assert abs(timing["ms_per_token_profiled_client"] - median_ms) < 0.3 * median_ms
     overhead = next(f for f in stub_capture["run"]["check"]["findings"] if f["check"] == "overhead")
     assert overhead["status"] == "warn" and overhead["data"]["ratio"] > 1.3
+    assert overhead["data"]["profiled_source"] == "client-side"
 
 
 @pytest.mark.nsys
@@ -344,8 +347,60 @@ def test_qdstrm_capture_then_finish(tmp_path):
     finished = invoke(["capture", "--finish", str(out)])
     assert finished.exit_code == 0, finished.output
     run = json.loads((out / "cpu_smoke.run.json").read_text())
-    assert run["status"] == "complete" and run["commands"]["import"][0] == tool.importer
+    assert run["status"] == "complete"
+    # file names relative to the capture folder, the tool by name and version: nothing of this machine's paths
+    assert run["commands"]["import"] == ["QdstrmImporter", "-i", "cpu_smoke.qdstrm", "-o", "cpu_smoke.nsys-rep"]
+    assert run["commands"]["export"][0] == "nsys" and run["commands"]["export"][-2:] == ["cpu_smoke.sqlite",
+                                                                                         "cpu_smoke.nsys-rep"]
+    finished = run["finished_with"]
+    assert finished["nsys"] == "nsys" and finished["version"] == tool.version
+    assert finished["importer"] == "QdstrmImporter" and str(tmp_path) not in json.dumps(run["finished_with"])
     assert dict(query(out / "cpu_smoke.sqlite", RANGES_BY_NAME))["smoke_step"] == 4
     assert invoke(["check", str(out)]).exit_code == 0
     again = invoke(["capture", "--finish", str(out)])
     assert again.exit_code == 2 and "--force" in again.output
+
+
+# --- an nsys too old for the traced CUDA runtime ---------------------------------------------------------------------
+
+def fake_tool(path: Path, body: str) -> str:
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(0o755)
+    return str(path)
+
+
+FAKE_VERSION = ('if [ "$1" = "--version" ]; then echo "NVIDIA Nsight Systems version 2023.4.4.54-234433681190v0"; '
+                'exit 0; fi\n')
+# what QdstrmImporter of nsys 2023.4.4 printed for a CUDA 13 stream with torch._grouped_mm launches in the window
+UNKNOWN_API = "Importer error: Unknown runtime API function index: 412"
+
+
+def test_importer_too_old_for_the_cuda_runtime_is_one_line_and_keeps_the_stream(tmp_path):
+    importer = fake_tool(tmp_path / "QdstrmImporter", f'echo "{UNKNOWN_API}" >&2\nexit 1\n')
+    nsys = fake_tool(tmp_path / "nsys", FAKE_VERSION)
+    cap = tmp_path / "cap"
+    cap.mkdir()
+    (cap / "wl.qdstrm").write_bytes(b"raw stream")
+    run = {"schema": "profattr.run/1", "name": "wl", "status": "needs_import", "target": "workload",
+           "commands": {}, "notes": [], "files": {"qdstrm": "wl.qdstrm", "run": "wl.run.json"}}
+    (cap / "wl.run.json").write_text(json.dumps(run))
+    result = invoke(["capture", "--finish", str(cap), "--nsys", nsys], env={"PROFATTR_QDSTRM_IMPORTER": importer})
+    assert result.exit_code == 2
+    errors = [ln for ln in result.output.strip().splitlines() if ln.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in result.output
+    message = errors[0]
+    assert "Unknown runtime API function index: 412" in message and "too old for the CUDA runtime" in message
+    assert "newer Nsight Systems" in message and "--grouped-kernel bmm" in message and "wl.qdstrm is kept" in message
+    assert (cap / "wl.qdstrm").read_bytes() == b"raw stream" and not list(cap.glob("*.nsys-rep"))
+    assert json.loads((cap / "wl.run.json").read_text()) == run  # nothing half-written
+
+
+def test_nsys_profile_failing_on_its_own_import_says_why(tmp_path):
+    # a full nsys imports its stream when the target exits; when that import fails, nsys exits non-zero
+    nsys = fake_tool(tmp_path / "nsys", FAKE_VERSION + f'echo "{UNKNOWN_API}"\nexit 1\n')
+    out = tmp_path / "out"
+    result = invoke(["capture", "-o", str(out), "--name", "old", "--nsys", nsys, "--trace", "nvtx",
+                     "--capture-range", "none", "--", sys.executable, "-c", "pass"])
+    assert result.exit_code == 2
+    error = [ln for ln in result.output.splitlines() if ln.startswith("error:")]
+    assert len(error) == 1 and "too old for the CUDA runtime" in error[0] and "old.qdstrm is kept" in error[0]

@@ -138,12 +138,52 @@ def test_backend_fingerprint(tmp_path, backend, names, status, words):
     assert f.status == status and words in f.message
 
 
-@pytest.mark.parametrize("profiled, status", [(1.2, "pass"), (2.3, "warn"), (4.5, "fail")])
-def test_profiler_overhead(tmp_path, profiled, status):
+# graph_capture's step: two 0.1 ms kernels 5 us apart, so the span of a step (first start to last end) is 0.205 ms
+STEP_SPAN_MS = 0.205
+
+
+@pytest.mark.parametrize("ratio, status", [(1.2, "pass"), (2.3, "warn"), (4.5, "fail")])
+def test_profiler_overhead_is_measured_in_the_capture(tmp_path, ratio, status):
     graph_capture(tmp_path / "o.sqlite")
-    write_run(tmp_path / "o", timing={"ms_per_token_unprofiled": 1.0, "ms_per_token_profiled": profiled})
+    # a client-side figure (the window's close stalls the streamed tokens) is kept, but not used
+    write_run(tmp_path / "o", timing={"ms_per_token_unprofiled": STEP_SPAN_MS / ratio,
+                                      "ms_per_token_profiled": 150.0})
     f = findings_of(tmp_path / "o.run.json")["overhead"]
-    assert f.status == status and f.data["ratio"] == pytest.approx(profiled)
+    assert f.status == status and f.data["ratio"] == pytest.approx(ratio)
+    assert f.data["ms_per_token_profiled"] == pytest.approx(STEP_SPAN_MS)
+    assert f.data["ms_per_token_profiled_client"] == 150.0
+    assert f.data["profiled_source"].startswith("capture: median step span (graph steps)")
+    assert "median step span in the capture" in f.message
+
+
+def test_profiler_overhead_slowest_device_of_a_tp_capture(tmp_path):
+    # device 1's kernels take twice as long: its median span sets ms/token
+    path = tmp_path / "tp.sqlite"
+    b = Builder(path)
+    for dev, kernel_ms in ((0, 0.1), (1, 0.2)):
+        t = 1_000 * MS
+        for step in range(4):
+            corr = b.launch(gtid(PID + dev), t, t + 10_000, name="cudaGraphLaunch_v10000")
+            k0 = t + 20_000
+            for i in range(2):
+                b.kernel(gpid(PID + dev), corr, k0, k0 + int(kernel_ms * MS), "fused_moe_kernel", device=dev,
+                         graph_node=(step << 32) + i)
+                k0 += int(kernel_ms * MS) + 5_000
+            t += 2 * MS
+    b.close()
+    write_run(tmp_path / "tp", tp=2, timing={"ms_per_token_unprofiled": 0.4})
+    f = findings_of(tmp_path / "tp.run.json")["overhead"]
+    assert [d["step_ms"] for d in f.data["profiled_per_device"]] == pytest.approx([0.205, 0.405])
+    assert f.data["ms_per_token_profiled"] == pytest.approx(0.405) and f.status == "pass"
+    assert "slowest of 2 devices" in f.message and "device 1" in f.data["profiled_source"]
+
+
+def test_profiler_overhead_falls_back_to_the_client_without_steps(tmp_path):
+    # CUDA traced, but no kernel in the window: no step to measure, so the client-side figure is all there is
+    Builder(tmp_path / "e.sqlite").close()
+    write_run(tmp_path / "e", timing={"ms_per_token_unprofiled": 1.0, "ms_per_token_profiled_client": 2.0})
+    f = findings_of(tmp_path / "e.run.json")["overhead"]
+    assert f.status == "warn" and f.data["profiled_source"] == "client-side" and "client-side" in f.message
 
 
 def test_steps_counted_against_requested(tmp_path):

@@ -60,7 +60,8 @@ def _echo(message: str) -> None:
               help="workload --mode graph: open the window after the graph capture, or before it")
 @click.option("--timeout", "timeout_s", type=float, default=None, help="workload/command: stop it after this many seconds")
 @click.option("--finish", "finish_dir", type=click.Path(exists=True, path_type=Path), metavar="DIR",
-              help="finish a capture that nsys left as NAME.qdstrm (no importer where it ran): import, export, check")
+              help="finish a capture (NAME.qdstrm where nsys had no importer, or NAME.nsys-rep): import, export, "
+                   "measure the profiled ms/token in the capture, check")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def capture(out_dir, name, force, dry_run, nsys_path, trace, capture_range, cuda_graph_trace, model, backend, tp,
             host, port, launcher, health_timeout_s, input_len, max_new_tokens, batch, warmup, trials, steps,

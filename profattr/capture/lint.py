@@ -255,7 +255,39 @@ def check_backend(run: dict | None, names: list) -> Finding:
                    "no other backend's MoE kernels", data)
 
 
-def check_first_calls(export: Export, devices: list) -> Finding:
+def _is_collective(name: str) -> bool:
+    """A communication kernel (the taxonomy files it under comm.*): its duration includes waiting for peers."""
+    try:
+        from profattr.taxonomy.classify import load_rules
+    except ImportError:
+        return name.startswith(("nccl", "void nccl"))
+    return str(load_rules().classify(name or "")).startswith("comm.")
+
+
+def _late_peer(seq: dict, names: dict, outlier: tuple) -> tuple:
+    """For a collective's slow first call: (wait_ns, late devices, the latest device's own first-call ns) when
+    another device reached its first call of the same kernel later, so the slow call was this device waiting for
+    that rank; (0, [], 0) otherwise."""
+    _excess, name_id, dev, first_ns, _med = outlier
+    if not _is_collective(names.get(name_id) or ""):
+        return 0, [], 0
+    same = seq["name"] == name_id
+    first: dict = {}  # device -> (start, duration) of its first call of this kernel
+    for d, s, du in zip(seq["device"][same].tolist(), seq["start"][same].tolist(), seq["duration"][same].tolist()):
+        if d not in first or s < first[d][0]:
+            first[d] = (s, du)
+    if dev not in first:
+        return 0, [], 0
+    mine = first[dev][0]
+    late = {d: s - mine for d, (s, _du) in first.items() if d != dev and s > mine}
+    if not late:
+        return 0, [], 0
+    latest = max(late, key=late.get)
+    wait = min(late[latest], first_ns)
+    return wait, sorted(d for d, lag in late.items() if lag >= wait / 2), first[latest][1]
+
+
+def check_first_calls(export: Export, devices: list, run: dict | None = None) -> Finding:
     if not devices:
         return Finding("first_calls", SKIP, "no kernels")
     key_cols = ["device", "name", "gx", "gy", "gz", "bx", "by", "bz"]
@@ -287,33 +319,82 @@ def check_first_calls(export: Export, devices: list) -> Finding:
     outliers.sort(reverse=True)
     excess = sum(o[0] for o in outliers)
     share = excess / max(1, total_ns)
-    strings = export.strings(o[1] for o in outliers[:3])
+    names = export.strings(o[1] for o in outliers)
     worst = outliers[0]
-    name = _short(strings.get(worst[1], f"<string {worst[1]}>"))
+    name = _short(names.get(worst[1], f"<string {worst[1]}>"))
+    wait_ns, late, late_own_ns = _late_peer(seq, names, worst)
     data = {"outliers": len(outliers), "excess_ms": excess / 1e6, "share_of_kernel_time": share,
-            "worst": [{"name": strings.get(o[1]), "device": o[2], "first_ms": o[3] / 1e6, "median_ms": o[4] / 1e6}
+            "worst": [{"name": names.get(o[1]), "device": o[2], "first_ms": o[3] / 1e6, "median_ms": o[4] / 1e6}
                       for o in outliers[:3]]}
     status = FAIL if share > OUTLIER_FAIL_SHARE else WARN
-    return Finding("first_calls", status, f"{len(outliers)} kernel(s) ran much longer on their first call "
-                   f"({excess / 1e6:.2f} ms extra, {share:.1%} of kernel time; worst: {name} "
-                   f"{worst[3] / 1e6:.3f} ms vs median {worst[4] / 1e6:.3f} ms): warm-up did not cover the window's "
-                   "shapes", data)
+    head = (f"{len(outliers)} kernel(s) ran much longer on their first call ({excess / 1e6:.2f} ms extra, "
+            f"{share:.1%} of kernel time)")
+    if wait_ns >= worst[0] / 2:
+        # a collective's first call that spans another rank's late arrival: the ranks entered the window out of
+        # step; the kernel itself was not slow, and only this device's budget counts the wait as communication
+        data["worst_is_wait_for"] = {"devices": late, "wait_ms": wait_ns / 1e6,
+                                     "late_device_first_ms": late_own_ns / 1e6}
+        peers = ", ".join(str(d) for d in late)
+        why = ("; the CUDA graph was captured inside the window (graph_captured_in_window), so the ranks "
+               "finished capturing at different times" if _get(run, "workload", "graph_captured_in_window")
+               else "")
+        return Finding("first_calls", status, f"{head}; worst: the first {name} on device {worst[2]} took "
+                       f"{worst[3] / 1e6:.3f} ms (median {worst[4] / 1e6:.3f}) because it waited "
+                       f"{wait_ns / 1e6:.2f} ms for device(s) {peers} to reach the same collective (whose own first "
+                       f"call took {late_own_ns / 1e6:.3f} ms, so it is not the collective's set-up): the ranks "
+                       f"entered the window out of step{why}. Device {worst[2]}'s budget counts the wait as "
+                       "communication; open the window once every rank is ready (e.g. --graph-window after)",
+                       data)
+    return Finding("first_calls", status, f"{head}; worst: {name} {worst[3] / 1e6:.3f} ms vs median "
+                   f"{worst[4] / 1e6:.3f} ms: warm-up did not cover the window's shapes", data)
+
+
+def profiled_timing(budget) -> dict:
+    """Profiled ms/token measured in the capture: the median step span per device (at batch B one step decodes one
+    token of each request, so it is the per-request ms/token) and the slowest device's, with where it came from.
+    Empty when there is no budget."""
+    if budget is None or not budget.devices:
+        return {}
+    per_device = [{"device": int(d["device"]), "step_ms": float(d["step_ms"]), "steps": int(d["steps"])}
+                  for d in budget.devices]
+    slowest = max(per_device, key=lambda d: d["step_ms"])
+    return {"ms_per_token_profiled": slowest["step_ms"],
+            "profiled_source": (f"capture: median step span ({budget.steps_source} steps), slowest of "
+                                f"{len(per_device)} device(s): device {slowest['device']}"),
+            "profiled_per_device": per_device}
+
+
+def _client_profiled(run: dict | None):
+    """The client-side profiled ms/token of a run, if it recorded one (older runs kept it under
+    ms_per_token_profiled without a profiled_source)."""
+    value = _get(run, "timing", "ms_per_token_profiled_client")
+    if value is None and not _get(run, "timing", "profiled_source"):
+        value = _get(run, "timing", "ms_per_token_profiled")
+    return value
 
 
 def check_overhead(run: dict | None, budget=None) -> Finding:
     unprof = _get(run, "timing", "ms_per_token_unprofiled")
-    prof = _get(run, "timing", "ms_per_token_profiled")
-    source = "client-side"
-    if unprof and not prof and budget is not None and budget.devices:
-        # no profiled timing from the target: the median step span in the capture (slowest device)
-        prof = max(d["step_ms"] for d in budget.devices)
-        source = "median step span in the capture"
+    measured = profiled_timing(budget)
+    client = _client_profiled(run)
+    if measured:
+        prof, source = measured["ms_per_token_profiled"], "median step span in the capture"
+    else:
+        # no steps in the capture: fall back to what the target measured around the window
+        prof = _get(run, "timing", "ms_per_token_profiled") if _get(run, "timing", "profiled_source") else client
+        source = "client-side"
     if not unprof or not prof:
         return Finding("overhead", SKIP, "profiled and unprofiled ms/token not both recorded in run.json")
     ratio = prof / unprof
     data = {"ms_per_token_unprofiled": unprof, "ms_per_token_profiled": prof, "ratio": ratio,
-            "profiled_source": source}
-    text = f"{prof:.3f} ms/token under nsys ({source}) vs {unprof:.3f} unprofiled ({ratio:.2f}x)"
+            "profiled_source": measured.get("profiled_source", source)}
+    if measured:
+        data["profiled_per_device"] = measured["profiled_per_device"]
+    if client is not None:
+        data["ms_per_token_profiled_client"] = client
+    where = source if len(measured.get("profiled_per_device", [])) < 2 else (
+        f"{source}, slowest of {len(measured['profiled_per_device'])} devices")
+    text = f"{prof:.3f} ms/token under nsys ({where}) vs {unprof:.3f} unprofiled ({ratio:.2f}x)"
     if ratio <= OVERHEAD_WARN:
         return Finding("overhead", PASS, text, data)
     if ratio <= OVERHEAD_FAIL:
@@ -336,19 +417,34 @@ def load_budget(sqlite: Path, devices: list) -> tuple:
         return None, f"steps could not be counted: {exc.format_message()}"
 
 
-def check_steps(run: dict | None, budget, why_not: str | None) -> Finding:
+def check_steps(run: dict | None, budget, why_not: str | None, devices: list | None = None) -> Finding:
+    """Steps counted per device (each tensor-parallel rank runs every step) against the steps requested."""
     requested = _get(run, "window", "steps_requested")
     if not requested:
         return Finding("steps", SKIP, "no requested step count in run.json")
     if budget is None:
         return Finding("steps", SKIP, why_not or "no budget")
-    counted = int(budget.steps_count)
-    data = {"requested": int(requested), "counted": counted, "source": budget.steps_source}
-    text = f"{counted} steps counted ({budget.steps_source}) for {requested} requested"
+    requested = int(requested)
+    per_device = {int(d["device"]): int(d["steps"]) for d in budget.devices}
+    for d in devices or []:  # a device with kernels but no step
+        per_device.setdefault(int(d["deviceId"]), 0)
+    counts = sorted(set(per_device.values())) or [0]
+    counted = counts[0]
+    data = {"requested": requested, "counted": counted, "per_device": {str(k): v for k, v in per_device.items()},
+            "source": budget.steps_source}
+    if len(per_device) <= 1:
+        text = f"{counted} steps counted ({budget.steps_source}) for {requested} requested"
+    elif len(counts) == 1:
+        text = (f"{counted} steps counted on each of {len(per_device)} devices ({budget.steps_source}) for "
+                f"{requested} requested")
+    else:
+        listed = ", ".join(f"device {k}: {v}" for k, v in sorted(per_device.items()))
+        text = f"steps counted ({budget.steps_source}) per device differ ({listed}) for {requested} requested"
     if counted == 0:
-        return Finding("steps", FAIL, f"{text}: no decode step found in the window", data)
+        return Finding("steps", FAIL, f"{text}: no decode step found in the window"
+                       + (" on some device" if len(per_device) > 1 else ""), data)
     # SGLang counts the prefill of the window's requests as a step; it is no graph replay
-    if requested - 2 <= counted <= requested:
+    if all(requested - 2 <= v <= requested for v in per_device.values()):
         return Finding("steps", PASS, text, data)
     reason = getattr(budget, "steps_reason", "") or ""
     return Finding("steps", WARN, f"{text}: the window held other work than the requested decode steps"
@@ -378,8 +474,9 @@ def _devices(export: Export) -> list:
     return [dict(zip(cols, row)) for row in export.query(load_query("check_kernel_devices", graph_node_id=graph))]
 
 
-def run_checks(sqlite, run: dict | None = None) -> list:
-    """All checks on one export (and its run.json, when there is one); returns Findings in a fixed order."""
+def evaluate(sqlite, run: dict | None = None) -> tuple:
+    """(findings, budget or None): all checks on one export (and its run.json, when there is one), in a fixed
+    order, with the per-step budget they used."""
     with open_export(sqlite) as export:
         devices = _devices(export)
         calls = tuple(export.query(load_query("check_runtime_calls"))[0]) if export.has(RUNTIME) else (0, 0)
@@ -389,12 +486,17 @@ def run_checks(sqlite, run: dict | None = None) -> list:
         findings = [check_kernels(export, run, devices, calls)]
         if cuda:
             findings += [check_graph_nodes(devices, calls), check_devices(export, run, devices),
-                         check_backend(run, names), check_first_calls(export, devices)]
+                         check_backend(run, names), check_first_calls(export, devices, run)]
         findings += [check_overhead(run, budget)]
         if cuda:
-            findings.append(check_steps(run, budget, why_not))
+            findings.append(check_steps(run, budget, why_not, devices))
         findings.append(check_nvtx(export, run))
-    return findings
+    return findings, budget
+
+
+def run_checks(sqlite, run: dict | None = None) -> list:
+    """All checks on one export (and its run.json, when there is one); returns Findings in a fixed order."""
+    return evaluate(sqlite, run)[0]
 
 
 def check_capture(path) -> tuple:

@@ -33,6 +33,9 @@ IMPORTER_NAME = "QdstrmImporter"
 # overhead and size and say nothing about kernels.
 GPU_TRACE = "cuda,nvtx"
 CPU_TRACE = "nvtx,osrt"
+# What QdstrmImporter says when the stream holds CUDA runtime calls newer than the nsys release knows (seen: nsys
+# 2023.4.4 on CUDA 13 after torch._grouped_mm ran inside the window).
+UNKNOWN_RUNTIME_API = re.compile(r"Unknown runtime API function index:?\s*(\d+)")
 
 
 @dataclass(frozen=True)
@@ -197,13 +200,29 @@ def _nsys_path(nsys) -> str:
     return find_nsys().path
 
 
-def _run_tool(cmd: list, what: str, out_path: Path, timeout_s: float) -> None:
+def importer_too_old(text: str, qdstrm_name: str = "the .qdstrm") -> str | None:
+    """The one-line explanation when `text` (importer or nsys output) shows a CUDA runtime call this nsys cannot
+    decode; None otherwise."""
+    found = UNKNOWN_RUNTIME_API.search(text or "")
+    if not found:
+        return None
+    return (f"{IMPORTER_NAME} stopped at \"Unknown runtime API function index: {found.group(1)}\": this nsys is too "
+            "old for the CUDA runtime that was traced; use a newer Nsight Systems, or keep such launches out of the "
+            f"profiled window (e.g. the workload's --grouped-kernel bmm); {qdstrm_name} is kept")
+
+
+def _run_tool(cmd: list, what: str, out_path: Path, timeout_s: float, diagnose=None) -> None:
+    """Run a tool that must write `out_path`; ProfattrError with its last error line when it does not.
+    `diagnose(output) -> message or None` turns a known failure into its own message."""
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
         raise ProfattrError(f"{what} took longer than {timeout_s:.0f} s: {' '.join(cmd)}") from None
     except OSError as exc:
         raise ProfattrError(f"{what} could not start ({exc}): {' '.join(cmd)}") from None
+    known = diagnose(proc.stdout + "\n" + proc.stderr) if diagnose else None
+    if known:
+        raise ProfattrError(known)
     lines = [ln.strip() for ln in (proc.stdout + "\n" + proc.stderr).replace("\r", "\n").splitlines()]
     errors = [ln for ln in lines if "error" in ln.lower()]
     if proc.returncode != 0 or errors or not out_path.exists():
@@ -253,7 +272,9 @@ def import_qdstrm(qdstrm, importer: str | None = None, out=None, force: bool = F
     if partial.exists():
         partial.unlink()
     try:
-        _run_tool(import_command(importer, qdstrm, partial), IMPORTER_NAME, partial, timeout_s)
+        # a stream the importer cannot fully decode is a failure, even where it still writes a (partial) report
+        _run_tool(import_command(importer, qdstrm, partial), IMPORTER_NAME, partial, timeout_s,
+                  diagnose=lambda output: importer_too_old(output, qdstrm.name))
         os.replace(partial, out)
     finally:
         if partial.exists():

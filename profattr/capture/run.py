@@ -117,6 +117,9 @@ class DriveError(Exception):
 
 Echo = Callable[[str], None]
 
+CLIENT_CAVEAT = ("client-side: token arrival times inside the window; they include the stall of nsys flushing its "
+                 "buffers at cudaProfilerStop, so ms_per_token_profiled is measured in the capture instead")
+
 
 def _start(p: Plan, log) -> subprocess.Popen:
     env = dict(os.environ, **p.env)
@@ -209,9 +212,12 @@ def _profile_window(p: Plan, client, body: dict, run: dict, echo: Echo) -> None:
         raise DriveError(f"POST /start_profile answered {status}: {text.strip()[:200]}")
     echo(f"window open ({o.steps} steps): {text.strip()}")
     window = sglang.run_concurrent(client, body, o.batch)
-    # the window's first step is the prefill of these requests, so decode tokens 1..steps-1 lie inside it
+    # the window's first step is the prefill of these requests, so decode tokens 1..steps-1 lie inside it. Only a
+    # secondary figure: nsys flushes its buffers at cudaProfilerStop while these requests still decode, and that
+    # stall lands between streamed tokens; the profiled ms/token proper is measured in the capture (finish_outputs)
     prof = sglang.ms_per_token(window, max_token=max(2, o.steps - 1))
-    run["timing"]["ms_per_token_profiled"] = prof
+    run["timing"]["ms_per_token_profiled_client"] = prof
+    run["timing"]["profiled_client_caveat"] = CLIENT_CAVEAT
     time.sleep(1.0)  # let the scheduler reach num_steps and call cudaProfilerStop
     status, _ = client.call("/stop_profile", {})
     # 500 ("Profiling is not in progress"): num_steps closed the window, as intended
@@ -220,7 +226,7 @@ def _profile_window(p: Plan, client, body: dict, run: dict, echo: Echo) -> None:
     if status == 200:
         run["notes"].append("the window was still open after the requests; /stop_profile closed it")
     if prof is not None:
-        echo(f"profiled: {prof:.3f} ms/token; window closed by {run['window']['closed_by']}")
+        echo(f"profiled (client-side): {prof:.3f} ms/token; window closed by {run['window']['closed_by']}")
 
 
 def wait_target(p: Plan, launcher: subprocess.Popen, echo: Echo) -> None:
@@ -230,7 +236,11 @@ def wait_target(p: Plan, launcher: subprocess.Popen, echo: Echo) -> None:
         raise DriveError(f"the target ran longer than --timeout {timeout:.0f} s", proc.log_tail(p.path("log")))
     code = launcher.returncode
     if code != 0:
-        raise DriveError(f"the target (or nsys) exited with code {code}", proc.log_tail(p.path("log")))
+        tail = proc.log_tail(p.path("log"), lines=200)
+        too_old = nsys_tool.importer_too_old("\n".join(tail), p.path("qdstrm").name)
+        if too_old:  # nsys imported its own stream at exit and could not read it
+            raise DriveError(too_old, tail[-5:])
+        raise DriveError(f"the target (or nsys) exited with code {code}", tail[-20:])
 
 
 def wait_for_nsys(launcher: subprocess.Popen, echo: Echo, timeout_s: float = 3600) -> bool:
@@ -251,15 +261,17 @@ def wait_for_nsys(launcher: subprocess.Popen, echo: Echo, timeout_s: float = 360
 
 def finish_outputs(p_dir: Path, name: str, run: dict, nsys_path: str | None, importer: str | None, echo: Echo,
                    force: bool = False) -> None:
-    """Turn what nsys left (.nsys-rep or .qdstrm) into an export, run the checks, and record it all in `run`."""
+    """Turn what nsys left (.nsys-rep or .qdstrm) into an export, run the checks, measure the profiled ms/token in
+    the capture, and record it all in `run`. Commands are recorded with file names relative to the capture folder
+    (run.json travels with its folder, and the paths of the machine that finished it mean nothing elsewhere)."""
     def f(kind):
         return p_dir / (name + SUFFIXES[kind])
 
     report, qdstrm, sqlite = f("report"), f("qdstrm"), f("sqlite")
     if not report.exists() and qdstrm.exists():
         if importer:
-            echo(f"importing {qdstrm.name} with {importer}")
-            run["commands"]["import"] = nsys_tool.import_command(importer, qdstrm, report)
+            echo(f"importing {qdstrm.name} with {nsys_tool.IMPORTER_NAME}")
+            run["commands"]["import"] = nsys_tool.import_command(nsys_tool.IMPORTER_NAME, qdstrm.name, report.name)
             nsys_tool.import_qdstrm(qdstrm, importer, report, force=force)
         else:
             run["status"] = "needs_import"
@@ -269,13 +281,27 @@ def finish_outputs(p_dir: Path, name: str, run: dict, nsys_path: str | None, imp
     if report.exists():
         if sqlite.exists() and not force:
             raise ProfattrError(f"{sqlite} exists; pass --force to export it again")
-        run["commands"]["export"] = nsys_tool.export_command(nsys_path or "nsys", report, sqlite)
+        run["commands"]["export"] = nsys_tool.export_command("nsys", report.name, sqlite.name)
         echo(f"exporting {report.name} to SQLite")
         nsys_tool.export_sqlite(report, sqlite, nsys=nsys_path, force=force)
     if sqlite.exists():
-        findings = lint.run_checks(sqlite, run)
+        findings, budget = lint.evaluate(sqlite, run)
+        record_profiled_timing(run, budget)
         run["check"] = {"status": lint.overall(findings), "findings": [x.to_dict() for x in findings]}
     run["files"] = {kind: f(kind).name for kind in SUFFIXES if f(kind).exists() or kind == "run"}
+
+
+def record_profiled_timing(run: dict, budget) -> None:
+    """Put the profiled ms/token measured in the capture (median step span, per device) into run["timing"]; a
+    client-side figure the target measured stays as ms_per_token_profiled_client."""
+    timing = run.setdefault("timing", {})
+    if "ms_per_token_profiled" in timing and "profiled_source" not in timing:
+        # written before the capture was measured: the SGLang driver's client-side figure
+        timing["ms_per_token_profiled_client"] = timing.pop("ms_per_token_profiled")
+        timing.setdefault("profiled_client_caveat", CLIENT_CAVEAT)
+    measured = lint.profiled_timing(budget)
+    if measured:
+        timing.update(measured)
 
 
 def _no_report_reason(p: Plan, run: dict) -> str:
@@ -430,8 +456,9 @@ def finish(path, name: str | None, nsys_explicit: str | None, force: bool, echo:
                             "or set PROFATTR_QDSTRM_IMPORTER")
     run.setdefault("commands", {})
     run.setdefault("notes", [])
-    run["finished_with"] = {"nsys": tool.path, "version": tool.version, "importer": tool.importer,
-                            "finished_utc": _utc()}
+    # the tool, not where it lives on this machine: run.json travels with the capture folder
+    run["finished_with"] = {"nsys": "nsys", "version": tool.version, "source": tool.source,
+                            "importer": nsys_tool.IMPORTER_NAME if tool.importer else None, "finished_utc": _utc()}
     finish_outputs(run_path.parent, name, run, tool.path, tool.importer, echo, force=force)
     if run.get("status") == "needs_import" and (run_path.parent / (name + SUFFIXES["report"])).exists():
         run["status"] = "complete"
