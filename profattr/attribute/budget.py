@@ -8,6 +8,10 @@ Definitions (all per device, over the steps that launched work on it):
 - `overlap_ms_per_step` = mean summed op time - mean busy (time during which two streams ran at once);
   so `mean_step_ms = sum(category ms) - overlap + idle` holds exactly;
 - category / kernel `ms_per_step`: summed durations over the steps, divided by the number of steps.
+
+Optional views: `by="layer"` adds per-layer rows (layers.py); with collectives on two or more GPUs each device gets
+a `comm` split into transfer and wait (comm.py); `mapping=CAPTURE` gives replayed graph kernels without a
+capture-time NVTX context the context of their matching kernel in an eager capture (mapping.py).
 """
 from __future__ import annotations
 
@@ -18,10 +22,12 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from profattr.attribute.graphs import context_points
+from profattr.attribute.comm import collective_split
+from profattr.attribute.graphs import STATUS_MAPPING, STATUS_NAMES, STATUS_UNPLACED, place_contexts
 from profattr.attribute.nvtx import Ranges, enclosed, load_ranges
 from profattr.attribute.ops import KIND_KERNEL, Ops, load_ops, memop_name
 from profattr.attribute.steps import Steps, find_steps
+from profattr.errors import ProfattrError
 from profattr.taxonomy.classify import load_rules
 from profattr.trace.reader import Export, open_export, resolve_capture
 
@@ -40,6 +46,33 @@ class Attribution:
     steps: Steps
     ranges: Ranges
     context_method: str
+    ctx_tid: np.ndarray | None = None  # per op: thread and time at which its NVTX context is read
+    ctx_ns: np.ndarray | None = None
+    status: np.ndarray | None = None  # per op: graphs.STATUS_* (how its context point was found)
+    mask: np.ndarray | None = None  # per op: bit b set when an NVTX range matching context pattern b encloses it
+    mapping: "Attribution | None" = None  # the eager mapping capture's attribution, when one was given
+    mapped: np.ndarray | None = None  # per op: index of its matched op in `mapping.ops`, -1 when none
+    mapping_report: dict | None = None
+    names: np.ndarray | None = None  # per op: demangled name (filled when a mapping needed it)
+
+    def category(self) -> np.ndarray:
+        """Category id per op (object array)."""
+        return self.combos["category"].to_numpy()[self.combo]
+
+    def placement(self) -> dict:
+        """How the ops inside steps got their NVTX context: op counts per method, plus mapping details."""
+        inside = self.step >= 0
+        status = self.status[inside] if self.status is not None else np.zeros(int(inside.sum()), dtype=np.int8)
+        out = {name: int((status == code).sum()) for code, name in STATUS_NAMES.items()}
+        out["mapping_capture"] = self.mapping_report
+        unplaced = out["unplaced"]
+        out["hint"] = None
+        if unplaced and self.mapping_report is None:
+            out["hint"] = (f"{unplaced} replayed graph ops have no NVTX context (their graph was captured outside "
+                           "the profiled window or without NVTX ranges), so their layer and NVTX-context categories "
+                           "are unknown; pass --mapping EAGER_CAPTURE (the same workload captured eagerly, with "
+                           "the same NVTX ranges)")
+        return out
 
 
 @dataclass
@@ -56,9 +89,13 @@ class Budget:
     per_step_category: pd.DataFrame  # device, step, category, ns, count
     attribution: Attribution | None = field(default=None, repr=False)
     context_method: str = "launch"
+    nvtx_placement: dict | None = None  # ops per context method (Attribution.placement)
+    comm: dict | None = None  # ranks, steps compared, slowest rank per step (comm.py); None with < 2 ranks
+    per_step_comm: pd.DataFrame | None = None  # device, step, category, collective_ns, wait_ns
+    layer_pattern: str | None = None  # set when per-layer rows were computed
 
     def to_dict(self) -> dict:
-        return {
+        out = {
             "schema": SCHEMA,
             "capture": {"path": self.path, "nsys_version": self.nsys_version,
                         "export_schema_version": self.schema_version, "gpus": self.gpus},
@@ -66,6 +103,13 @@ class Budget:
             "nvtx_context": self.context_method,
             "devices": self.devices,
         }
+        if self.nvtx_placement is not None:
+            out["nvtx_placement"] = self.nvtx_placement
+        if self.layer_pattern is not None:
+            out["layer_pattern"] = self.layer_pattern
+        if self.comm is not None:
+            out["comm"] = self.comm
+        return out
 
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent)
@@ -75,40 +119,103 @@ class Budget:
 
 
 def compute_budget(path, steps: str = "auto", rules: Sequence = (), force: bool = False,
-                   keep_attribution: bool = False) -> Budget:
-    """Read a capture (.sqlite, or .nsys-rep exported on demand) and compute its per-step budget."""
-    sqlite_path = resolve_capture(path, force=force)
+                   keep_attribution: bool = False, mapping=None, by: str = "category",
+                   layer_range: str | None = None) -> Budget:
+    """Read a capture (.sqlite, or .nsys-rep exported on demand) and compute its per-step budget.
+
+    `mapping`: an eager capture of the same workload whose NVTX context is lent to replayed graph ops that have
+    none (mapping.py). `by="layer"` adds per-layer rows to every device (`layer_range`: the layer regex).
+    """
+    if by not in ("category", "layer"):
+        raise ProfattrError(f"--by {by!r}: expected category or layer")
     ruleset = load_rules(rules)
+    source = None
+    if mapping is not None:
+        source = _mapping_attribution(mapping, steps, ruleset, force)
+    sqlite_path = resolve_capture(path, force=force)
     with open_export(sqlite_path) as export:
-        attribution = attribute(export, steps, ruleset)
+        attribution = attribute(export, steps, ruleset, mapping=source)
         budget = summarize(export, attribution)
+    if by == "layer" or layer_range is not None:
+        add_layers(budget, attribution, layer_range)
     if keep_attribution:
         budget.attribution = attribution
     return budget
 
 
-def attribute(export: Export, steps_spec: str, ruleset) -> Attribution:
-    """Link every GPU op to its step and its category."""
+def _mapping_attribution(mapping, steps: str, ruleset, force: bool) -> Attribution:
+    """The mapping capture's attribution (its steps: the same NVTX range when one was named, else auto)."""
+    sqlite_path = resolve_capture(mapping, force=force)
+    with open_export(sqlite_path) as export:
+        att = attribute(export, steps if steps.startswith("nvtx:") else "auto", ruleset)
+        if len(att.ranges) == 0:
+            raise ProfattrError(f"--mapping {mapping}: this capture has no NVTX ranges, so it cannot lend any; "
+                                "give an eager capture of the same workload recorded with NVTX (for SGLang: "
+                                "--enable-layerwise-nvtx-marker --disable-cuda-graph)")
+        from profattr.attribute.mapping import op_names
+
+        att.names = op_names(export, att.ops)
+        att.mapping_report = {"capture": str(mapping)}
+    return att
+
+
+def attribute(export: Export, steps_spec: str, ruleset, mapping: Attribution | None = None) -> Attribution:
+    """Link every GPU op to its step and its category (and, with `mapping`, borrow missing NVTX contexts)."""
     ops = load_ops(export)
     ranges = load_ranges(export)
     steps = find_steps(export, steps_spec, ranges, ops.launch_tid, ops.launch_ns)
     step = steps.assign(ops.launch_tid, ops.launch_ns)
-    ctx_tid, ctx_ns, method = context_points(export, ops)
-    combo, combos = classify_ops(export, ops, ranges, ruleset, ctx_tid, ctx_ns)
-    return Attribution(ops=ops, step=step, combo=combo, combos=combos, steps=steps, ranges=ranges,
-                       context_method=method)
-
-
-def classify_ops(export: Export, ops: Ops, ranges: Ranges, ruleset, ctx_tid, ctx_ns):
-    """Category per op. Names are classified once per distinct (name, NVTX context) pair, never per row."""
+    placement = place_contexts(export, ops, ranges)
     patterns = list(ruleset.context_patterns)
-    mask = np.zeros(len(ops), dtype=np.int64)
+    mask = context_mask(ranges, patterns, placement.tid, placement.t_ns)
+    status, method = placement.status, placement.method
+    mapped, report, names = None, None, None
+    if mapping is not None:
+        from profattr.attribute.mapping import match_ops, op_names, steps_by_device
+
+        names = op_names(export, ops)
+        result = match_ops(names, steps_by_device(ops, step, steps.start), mapping.names,
+                           steps_by_device(mapping.ops, mapping.step, mapping.steps.start),
+                           mapping.mapping_report["capture"], len(ops))
+        mapped = result.source
+        # borrow only where this capture has no context of its own, and the matched op had one in the mapping
+        usable = mapped >= 0
+        usable[usable] = mapping.status[mapped[usable]] != STATUS_UNPLACED
+        take = (status == STATUS_UNPLACED) & usable
+        mask[take] = mapping.mask[mapped[take]]
+        status = status.copy()
+        status[take] = STATUS_MAPPING
+        report = result.to_dict()
+        inside = step >= 0
+        method = (f"mapping capture {result.path}: {int((take & inside).sum())} replayed ops placed by their order "
+                  f"within the step, {result.name_mismatches} of {result.ops_compared} ops without a same-named "
+                  f"match, {int(((status == STATUS_UNPLACED) & inside).sum())} unplaced")
+    combo, combos = classify_masks(export, ops, mask, patterns, ruleset)
+    return Attribution(ops=ops, step=step, combo=combo, combos=combos, steps=steps, ranges=ranges,
+                       context_method=method, ctx_tid=placement.tid, ctx_ns=placement.t_ns, status=status,
+                       mask=mask, mapping=mapping, mapped=mapped, mapping_report=report, names=names)
+
+
+def context_mask(ranges: Ranges, patterns: Sequence[str], ctx_tid, ctx_ns) -> np.ndarray:
+    """Per op, bit b set when an NVTX range whose text matches patterns[b] encloses its context point."""
+    mask = np.zeros(len(ctx_ns), dtype=np.int64)
     frame = ranges.frame
     for bit, pattern in enumerate(patterns):
         sel = frame[frame["text"].str.contains(pattern, regex=True)] if len(frame) else frame
         if len(sel):
             hit = enclosed(sel["tid"].to_numpy(), sel["start"].to_numpy(), sel["end"].to_numpy(), ctx_tid, ctx_ns)
             mask |= hit.astype(np.int64) << bit
+    return mask
+
+
+def classify_ops(export: Export, ops: Ops, ranges: Ranges, ruleset, ctx_tid, ctx_ns):
+    """Category per op. Names are classified once per distinct (name, NVTX context) pair, never per row."""
+    patterns = list(ruleset.context_patterns)
+    return classify_masks(export, ops, context_mask(ranges, patterns, ctx_tid, ctx_ns), patterns, ruleset)
+
+
+def classify_masks(export: Export, ops: Ops, mask: np.ndarray, patterns: Sequence[str], ruleset):
+    """(combo per op, combos frame) from each op's context bits (see context_mask)."""
     key = np.stack([ops.demangled_id, ops.name_id, mask], axis=1)
     uniq, combo = np.unique(key, axis=0, return_inverse=True)
     combo = combo.reshape(-1)
@@ -216,7 +323,38 @@ def summarize(export: Export, att: Attribution) -> Budget:
             "outside_steps": {"ops": int(outside["count"].get(device, 0)),
                               "ms": float(outside["ns"].get(device, 0)) / NS_PER_MS},
         })
-    return Budget(path=str(export.path), nsys_version=export.nsys_version, schema_version=export.schema_version,
-                  gpus=export.gpus, steps_source=att.steps.source, steps_reason=att.steps.reason,
-                  steps_count=len(att.steps), devices=devices, per_step=per_step,
-                  per_step_category=per_step_category, context_method=att.context_method)
+    budget = Budget(path=str(export.path), nsys_version=export.nsys_version,
+                    schema_version=export.schema_version, gpus=export.gpus, steps_source=att.steps.source,
+                    steps_reason=att.steps.reason, steps_count=len(att.steps), devices=devices, per_step=per_step,
+                    per_step_category=per_step_category, context_method=att.context_method,
+                    nvtx_placement=att.placement() if att.status is not None else None)
+    add_comm(budget, att)
+    return budget
+
+
+def _steps_per_device(budget: Budget) -> dict:
+    return {d["device"]: d["steps"] for d in budget.devices}
+
+
+def add_comm(budget: Budget, att: Attribution) -> None:
+    """Per device `comm` (transfer / wait split of collectives) when two or more GPUs run collectives."""
+    split = collective_split(att.ops, att.step, att.steps.start, att.category(), _steps_per_device(budget))
+    if split is None:
+        return
+    per_device, summary, frame = split
+    for d in budget.devices:
+        if d["device"] in per_device:
+            d["comm"] = per_device[d["device"]]
+    budget.comm = summary
+    budget.per_step_comm = frame
+
+
+def add_layers(budget: Budget, att: Attribution, layer_range: str | None = None) -> None:
+    """Per device `layers` rows (layers.py); ops in no layer range form the `layer: None` row."""
+    from profattr.attribute.layers import DEFAULT_LAYER_PATTERN, layer_rows, op_layers
+
+    labels = op_layers(att, layer_range)
+    rows = layer_rows(att, labels, att.category(), _steps_per_device(budget))
+    for d in budget.devices:
+        d["layers"] = rows.get(d["device"], [])
+    budget.layer_pattern = layer_range if layer_range is not None else DEFAULT_LAYER_PATTERN

@@ -18,6 +18,14 @@ def rules_option(f):
                         help="Extra taxonomy rules (TOML); they take precedence over the shipped ones.")(f)
 
 
+LAYER_RANGE_HELP = ("Regex for NVTX ranges that are layers (implies --by layer); the label is its group `layer`, "
+                    "else its first group, else the range text. Default: layers.N, layers_N, layer_N and SGLang's "
+                    "layerwise markers.")
+MAPPING_HELP = ("Eager capture of the same workload (same NVTX ranges): replayed CUDA-graph kernels whose graph was "
+                "captured outside the profiled window take the layer and NVTX context of the kernel at the same "
+                "position of the same step there.")
+
+
 def format_option(choices=("table", "json", "csv", "markdown")):
     return click.option("--format", "fmt", type=click.Choice(choices), default="table", show_default=True)
 
@@ -28,17 +36,23 @@ def format_option(choices=("table", "json", "csv", "markdown")):
 @rules_option
 @format_option()
 @click.option("--top", default=15, show_default=True, help="Kernels listed per GPU in table/markdown output.")
+@click.option("--by", "by", type=click.Choice(("category", "layer")), default="category", show_default=True,
+              help="layer: also break each GPU's step down by model layer (read from NVTX).")
+@click.option("--layer-range", "layer_range", metavar="REGEX", help=LAYER_RANGE_HELP)
+@click.option("--mapping", type=click.Path(dir_okay=False), metavar="CAPTURE", help=MAPPING_HELP)
 @click.option("--force", is_flag=True, help="Re-export a .nsys-rep even when an older .sqlite exists beside it.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write to this file instead of stdout.")
-def budget(capture, steps, rules, fmt, top, force, output):
+def budget(capture, steps, rules, fmt, top, by, layer_range, mapping, force, output):
     """Per decode step and per GPU: time per kernel category and kernel, idle time, and coverage.
 
     CAPTURE is an Nsight Systems SQLite export (or a .nsys-rep, exported beside it when nsys is available).
+    With several GPUs running collectives, each GPU's collective time is split into transfer and wait.
     """
     from profattr.attribute.budget import compute_budget
     from profattr.report import budget_view
 
-    result = compute_budget(capture, steps=steps, rules=rules, force=force)
+    result = compute_budget(capture, steps=steps, rules=rules, force=force, mapping=mapping,
+                            by="layer" if layer_range is not None else by, layer_range=layer_range)
     data = result.to_dict()
     if fmt == "json":
         text = result.to_json()
@@ -69,20 +83,28 @@ def _emit(text: str, output) -> None:
 @click.option("--changed", help="Category family you changed between A and B (e.g. moe); warns when its kernels "
                                 "are identical. Default: moe when the two run.json name different backends.")
 @click.option("--samples", default=2000, show_default=True, help="Bootstrap samples for the 95% intervals.")
+@click.option("--mapping-a", type=click.Path(dir_okay=False), metavar="CAPTURE",
+              help="--mapping for A. " + MAPPING_HELP)
+@click.option("--mapping-b", type=click.Path(dir_okay=False), metavar="CAPTURE", help="--mapping for B.")
+@click.option("--by", "by", type=click.Choice(("category", "layer")), default="category", show_default=True,
+              help="layer: also list the change per model layer (read from NVTX).")
+@click.option("--layer-range", "layer_range", metavar="REGEX", help=LAYER_RANGE_HELP)
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write to this file instead of stdout.")
-def diff(a, b, steps, rules, fmt, changed, samples, output):
+def diff(a, b, steps, rules, fmt, changed, samples, mapping_a, mapping_b, by, layer_range, output):
     """Attribute the step-time change from capture A to capture B.
 
     A and B are captures (.sqlite / .nsys-rep) or budget JSON files. Components (categories, idle, overlap)
-    add up exactly to the change of the median step time.
+    add up exactly to the change of the median step time; with several GPUs running collectives, the time spent
+    waiting for the slowest rank is its own component (comm_wait).
     """
     import json
 
     from profattr.attribute.diff import compute_diff, load_side
     from profattr.report import diff_view
 
-    result = compute_diff(load_side(a, steps, rules), load_side(b, steps, rules), samples=samples,
-                          changed=changed)
+    by = "layer" if layer_range is not None else by
+    result = compute_diff(load_side(a, steps, rules, mapping_a, by, layer_range),
+                          load_side(b, steps, rules, mapping_b, by, layer_range), samples=samples, changed=changed)
     if fmt == "json":
         text = json.dumps(result, indent=2)
     elif fmt == "markdown":

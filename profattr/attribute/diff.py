@@ -6,6 +6,10 @@ Per device the components add up exactly to the change of `step_ms` (the median 
 
 so   delta(step_ms) = sum(delta category) - delta(overlap) + delta(idle) + delta(median - mean).
 
+With collectives on two or more GPUs (budget `comm`), the time a rank spent waiting for the slowest rank is split
+out of the comm categories into its own component `comm_wait` (the categories keep their transfer part), so the
+components still add up exactly.
+
 Each category's change is further split into a count part and a duration part:
     delta = (count_B - count_A) * mean_duration_A + count_B * (mean_duration_B - mean_duration_A).
 Uncertainty: a bootstrap over steps (A's and B's steps resampled independently) gives a 95 % interval for the
@@ -38,12 +42,23 @@ class Side:
     per_step: pd.DataFrame | None
     per_step_category: pd.DataFrame | None
     run: dict | None
+    per_step_comm: pd.DataFrame | None = None  # device, step, category, collective_ns, wait_ns
 
 
-def load_side(path, steps: str = "auto", rules: Sequence = ()) -> Side:
-    """A capture (.sqlite / .nsys-rep) or a budget JSON file written by `profattr budget --format json`."""
+COMM_WAIT = "comm_wait"
+
+
+def load_side(path, steps: str = "auto", rules: Sequence = (), mapping=None, by: str = "category",
+              layer_range: str | None = None) -> Side:
+    """A capture (.sqlite / .nsys-rep) or a budget JSON file written by `profattr budget --format json`.
+
+    `mapping`: an eager capture lending NVTX context to the capture's replayed graph ops; `by="layer"` /
+    `layer_range`: per-layer rows (both as in budget.compute_budget).
+    """
     p = Path(path)
     run = _run_json(p)
+    if mapping is not None and p.suffix == ".json":
+        raise ProfattrError(f"{p}: --mapping applies to captures, not to budget JSON files")
     if p.suffix == ".json":
         try:
             data = json.loads(p.read_text())
@@ -53,8 +68,8 @@ def load_side(path, steps: str = "auto", rules: Sequence = ()) -> Side:
             raise ProfattrError(f"{p}: not a profattr budget (schema {data.get('schema')!r}); write one with "
                                 "`profattr budget CAPTURE --format json`")
         return Side(str(p), data, None, None, run)
-    b: Budget = compute_budget(p, steps=steps, rules=rules)
-    return Side(str(p), b.to_dict(), b.per_step, b.per_step_category, run)
+    b: Budget = compute_budget(p, steps=steps, rules=rules, mapping=mapping, by=by, layer_range=layer_range)
+    return Side(str(p), b.to_dict(), b.per_step, b.per_step_category, run, b.per_step_comm)
 
 
 def _run_json(p: Path) -> dict | None:
@@ -112,6 +127,11 @@ def same_kernel_warnings(result: dict, changed: str) -> list:
 def _components_from_budget(d: dict) -> dict:
     """Component values (ms/step) whose sum is step_ms."""
     comp = {f"category:{c['category']}": c["ms_per_step"] for c in d["categories"]}
+    comm = d.get("comm")
+    if comm:
+        for c in comm["by_category"]:
+            comp[f"category:{c['category']}"] = comp.get(f"category:{c['category']}", 0.0) - c["wait_ms_per_step"]
+        comp[COMM_WAIT] = comm["wait_ms_per_step"]
     comp["idle"] = d["idle_ms_per_step"]
     comp["overlap"] = -d["overlap_ms_per_step"]
     comp["step_variability"] = d["step_ms"] - d["mean_step_ms"]
@@ -124,8 +144,7 @@ def _device_diff(a: Side, b: Side, da: int, db: int, rng, samples: int) -> dict:
     ca, cb = _components_from_budget(A), _components_from_budget(B)
     names = sorted(set(ca) | set(cb), key=lambda n: -abs(cb.get(n, 0.0) - ca.get(n, 0.0)))
     delta_step = B["step_ms"] - A["step_ms"]
-    cats_a = {c["category"]: c for c in A["categories"]}
-    cats_b = {c["category"]: c for c in B["categories"]}
+    cats_a, cats_b = _transfer_categories(A), _transfer_categories(B)
     boot = _bootstrap(a, b, da, db, rng, samples)
     components = []
     for name in names:
@@ -149,9 +168,19 @@ def _device_diff(a: Side, b: Side, da: int, db: int, rng, samples: int) -> dict:
         "components": components,
         "closure_ms": delta_step - sum(c["delta_ms_per_step"] for c in components),
         "fingerprint": fingerprint(A, B),
+        "layers": layer_rows(A, B),
         "bootstrap": {"samples": samples if boot else 0,
                       "note": None if boot else "budget JSON input: no per-step data, no intervals"},
     }
+
+
+def _transfer_categories(d: dict) -> dict:
+    """category -> budget category row, with comm categories reduced to their transfer part (see comm_wait)."""
+    cats = {c["category"]: dict(c) for c in d["categories"]}
+    for c in (d.get("comm") or {}).get("by_category", []):
+        if c["category"] in cats:
+            cats[c["category"]]["ms_per_step"] -= c["wait_ms_per_step"]
+    return cats
 
 
 def _count_duration_split(ca: dict | None, cb: dict | None) -> dict:
@@ -185,6 +214,28 @@ def _kernel_rows(A: dict, B: dict, cat: str, top: int = 6) -> dict:
     }
 
 
+def layer_rows(A: dict, B: dict) -> list | None:
+    """Per layer (budgets made with by="layer" on both sides): A and B ms and ops per step, and the change.
+
+    Informational: the rows add up to the change of summed op time, not of the step (idle and overlap are not per
+    layer); None when either budget has no layers.
+    """
+    if A.get("layers") is None or B.get("layers") is None:
+        return None
+    la = {r["layer"]: r for r in A["layers"]}
+    lb = {r["layer"]: r for r in B["layers"]}
+    order = [r["layer"] for r in B["layers"]] + [r["layer"] for r in A["layers"] if r["layer"] not in lb]
+    rows = []
+    for layer in order:
+        ra, rb = la.get(layer), lb.get(layer)
+        a_ms = ra["ms_per_step"] if ra else 0.0
+        b_ms = rb["ms_per_step"] if rb else 0.0
+        rows.append({"layer": layer, "a_ms_per_step": a_ms, "b_ms_per_step": b_ms, "delta_ms_per_step": b_ms - a_ms,
+                     "a_count_per_step": ra["count_per_step"] if ra else 0.0,
+                     "b_count_per_step": rb["count_per_step"] if rb else 0.0})
+    return rows
+
+
 def fingerprint(A: dict, B: dict) -> dict:
     """Per category: kernel families (taxonomy `family`, else the kernel name) only in A, only in B, in both."""
     def fams(d):
@@ -211,11 +262,25 @@ def _step_matrix(side: Side, device: int, names: list) -> np.ndarray | None:
     cat = psc[psc["device"] == device].pivot_table(index="step", columns="category", values="ns",
                                                    aggfunc="sum", fill_value=0)
     cat = cat.reindex(steps.index, fill_value=0)
+    wait = None
+    d = next((x for x in side.budget["devices"] if x["device"] == device), {})
+    if d.get("comm") and side.per_step_comm is None:
+        return None  # the comm_wait split needs per-step waits; without them no interval is better than a wrong one
+    if side.per_step_comm is not None:
+        pc = side.per_step_comm[side.per_step_comm["device"] == device]
+        if len(pc):
+            wait = pc.pivot_table(index="step", columns="category", values="wait_ns", aggfunc="sum",
+                                  fill_value=0).reindex(steps.index, fill_value=0)
     cols = []
     for name in names:
         if name.startswith("category:"):
             c = name.split(":", 1)[1]
-            cols.append(cat[c].to_numpy(dtype=float) if c in cat.columns else np.zeros(len(steps)))
+            col = cat[c].to_numpy(dtype=float) if c in cat.columns else np.zeros(len(steps))
+            if wait is not None and c in wait.columns:
+                col = col - wait[c].to_numpy(dtype=float)
+            cols.append(col)
+        elif name == COMM_WAIT:
+            cols.append(wait.to_numpy(dtype=float).sum(axis=1) if wait is not None else np.zeros(len(steps)))
         elif name == "idle":
             cols.append((steps["span_ns"] - steps["busy_ns"]).to_numpy(dtype=float))
         elif name == "overlap":

@@ -4,13 +4,28 @@ NVTX ranges are not emitted when a graph replays, so a replayed kernel's own lau
 inside step-level ranges. The ranges that were open when its node was captured (layer, block) are recovered from
 the node-creation events: exec node -> originalGraphNodeId -> the node created by stream capture, whose time and
 thread are the capturing launch's. This works when the profiled window was open during graph capture.
+
+When the graph was captured before the window opened, nsys still records the node-creation events (it needs them
+to name replayed nodes) but no NVTX range around them: such ops are "unplaced" here, and only an eager mapping
+capture (`profattr.attribute.mapping`) can give them a context.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
+from profattr.attribute.nvtx import Ranges, enclosed
 from profattr.attribute.ops import Ops
 from profattr.trace.reader import Export, load_query
+
+# How an op's NVTX context point was found (Placement.status)
+STATUS_LAUNCH = 0  # not replayed from a graph: its own launch call
+STATUS_CREATION = 1  # replayed graph node whose capture-time creation lies inside an NVTX range
+STATUS_MAPPING = 2  # taken from the matching kernel of an eager mapping capture
+STATUS_UNPLACED = 3  # replayed graph node without a usable capture-time context
+STATUS_NAMES = {STATUS_LAUNCH: "launch", STATUS_CREATION: "graph_node_creation", STATUS_MAPPING: "mapping",
+                STATUS_UNPLACED: "unplaced"}
 
 NODE_TABLES = ("CUDA_GRAPH_NODE_EVENTS", "CUDA_GRAPH_EVENTS")
 MAX_HOPS = 4  # exec node -> capture node (-> cloned graph node ...)
@@ -37,14 +52,21 @@ def context_points(export: Export, ops: Ops):
 
     Non-graph ops: their launch call. Graph ops whose capture-time node creation was recorded: that creation.
     """
+    tid, t_ns, found, method = _creation_points(export, ops)
+    return tid, t_ns, method
+
+
+def _creation_points(export: Export, ops: Ops):
+    """context_points plus a boolean per op: is it a graph op whose node creation was found?"""
     tid, t_ns = ops.launch_tid.copy(), ops.launch_ns.copy()
+    found = np.zeros(len(ops), dtype=bool)
     graph_ops = np.flatnonzero(ops.graph_node >= 0)
     if len(graph_ops) == 0:
-        return tid, t_ns, "launch"
+        return tid, t_ns, found, "launch"
     ev = node_creation(export)
     if ev is None:
-        return tid, t_ns, (f"launch (graph node creation not recorded: {len(graph_ops)} replayed ops only see "
-                           "the ranges around cudaGraphLaunch)")
+        return tid, t_ns, found, (f"launch (graph node creation not recorded: {len(graph_ops)} replayed ops only "
+                                  "see the ranges around cudaGraphLaunch)")
     node = ops.graph_node[graph_ops]
     placed = np.zeros(len(graph_ops), dtype=bool)
     found_start = np.full(len(graph_ops), -1, dtype=np.int64)
@@ -68,5 +90,54 @@ def context_points(export: Export, ops: Ops):
         current = np.where(hit & (nxt >= 0), current, -2)
     tid[graph_ops[placed]] = found_tid[placed]
     t_ns[graph_ops[placed]] = found_start[placed]
-    return tid, t_ns, (f"graph capture ({int(placed.sum())} of {len(graph_ops)} replayed ops placed at their "
-                       "node's creation)")
+    found[graph_ops[placed]] = True
+    return tid, t_ns, found, (f"graph capture ({int(placed.sum())} of {len(graph_ops)} replayed ops placed at "
+                              "their node's creation)")
+
+
+@dataclass
+class Placement:
+    """Per op: the (thread, time) where its NVTX context is read, and how that point was found (STATUS_*)."""
+
+    tid: np.ndarray
+    t_ns: np.ndarray
+    status: np.ndarray  # int8, STATUS_*
+    method: str  # one line for people
+
+    def counts(self, mask=None) -> dict:
+        """Ops per status name (over `mask` when given)."""
+        status = self.status if mask is None else self.status[mask]
+        return {name: int((status == code).sum()) for code, name in STATUS_NAMES.items()}
+
+
+def place_contexts(export: Export, ops: Ops, ranges: Ranges) -> Placement:
+    """Context points of all ops, and which replayed graph ops really have a capture-time NVTX context.
+
+    A graph op counts as placed at its node's creation only when that creation lies inside at least one NVTX range
+    of the creating thread: a creation recorded before the profiled window carries no range at all, and reading
+    layers or NVTX-context rules there would silently put every replayed kernel outside every module.
+    """
+    tid, t_ns, found, method = _creation_points(export, ops)
+    status = np.full(len(ops), STATUS_LAUNCH, dtype=np.int8)
+    graph = ops.graph_node >= 0
+    if not graph.any():
+        return Placement(tid, t_ns, status, method)
+    frame = ranges.frame
+    inside = np.zeros(len(ops), dtype=bool)
+    if len(frame) and found.any():
+        idx = np.flatnonzero(found)
+        inside[idx] = enclosed(frame["tid"].to_numpy(), frame["start"].to_numpy(), frame["end"].to_numpy(),
+                               tid[idx], t_ns[idx])
+    status[graph] = np.where(inside[graph], STATUS_CREATION, STATUS_UNPLACED)
+    n_graph, n_found, n_inside = int(graph.sum()), int(found.sum()), int(inside.sum())
+    if n_found and n_inside < n_found:
+        outside = found & ~inside
+        if not len(frame):
+            why = "the capture has no NVTX ranges"
+        elif int(t_ns[outside].max()) < int(frame["start"].min()):
+            why = "the graph was captured before the profiled window"
+        else:
+            why = "no NVTX range was open there"
+        method = (f"graph capture ({n_inside} of {n_graph} replayed ops placed at their node's creation; "
+                  f"{n_found - n_inside} created outside every NVTX range: {why})")
+    return Placement(tid, t_ns, status, method)

@@ -13,6 +13,30 @@ def _fmt_ms(ms: float) -> str:
     return f"{ms:.3f}"
 
 
+OUTSIDE_LAYERS = "outside layers"
+
+
+def layer_name(label) -> str:
+    """Display name of a layer row's label (None: the ops outside every layer range)."""
+    return OUTSIDE_LAYERS if label is None else f"layer {label}"
+
+
+def _top_categories(layer: dict, n: int = 3) -> str:
+    return ", ".join(f"{c['category']} {c['ms_per_step']:.3f}" for c in layer["categories"][:n])
+
+
+def _comm_line(comm: dict) -> str:
+    return (f"collectives {comm['collective_ms_per_step']:.3f} ms/step = transfer "
+            f"{comm['transfer_ms_per_step']:.3f} + wait for slower ranks {comm['wait_ms_per_step']:.3f}; "
+            f"slowest rank in {100.0 * comm['slowest_rank_share']:.0f}% of steps")
+
+
+def _placement_lines(budget: dict) -> list:
+    """The note suggesting --mapping, when replayed graph ops lack NVTX context."""
+    placement = budget.get("nvtx_placement") or {}
+    return [f"note: {placement['hint']}"] if placement.get("hint") else []
+
+
 def render_table(budget: dict, top: int = TOP_KERNELS) -> str:
     lines = []
     cap = budget["capture"]
@@ -21,6 +45,11 @@ def render_table(budget: dict, top: int = TOP_KERNELS) -> str:
     lines.append(f"steps:   {steps['source']} x{steps['count']}  ({steps.get('reason', '')})")
     if budget.get("nvtx_context"):
         lines.append(f"nvtx context: {budget['nvtx_context']}")
+    lines.extend(_placement_lines(budget))
+    if budget.get("comm"):
+        slow = budget["comm"]["slowest_rank_per_step"]
+        lines.append(f"ranks: GPUs {', '.join(str(r) for r in budget['comm']['ranks'])}; slowest rank per step: "
+                     f"{' '.join(str(r) for r in slow[:40])}{' ...' if len(slow) > 40 else ''}")
     for d in budget["devices"]:
         lines.append("")
         lines.append(f"GPU {d['device']}: step {_fmt_ms(d['step_ms'])} ms (median of {d['steps']} steps; mean "
@@ -35,6 +64,14 @@ def render_table(budget: dict, top: int = TOP_KERNELS) -> str:
             lines.append(f"  {c['category']:<24}{_fmt_ms(c['ms_per_step']):>10}{c['count_per_step']:>12.2f}"
                          f"{100.0 * c['ms_per_step'] / total:>7.1f}%")
         lines.append(f"  {'idle (inside steps)':<24}{_fmt_ms(d['idle_ms_per_step']):>10}")
+        if d.get("comm"):
+            lines.append(f"  {_comm_line(d['comm'])}")
+        if d.get("layers") is not None:
+            lines.append(f"  {'layer':<24}{'ms/step':>10}{'count/step':>12}{'share':>8}  top categories (ms/step)")
+            for layer in d["layers"]:
+                lines.append(f"  {layer_name(layer['layer']):<24}{_fmt_ms(layer['ms_per_step']):>10}"
+                             f"{layer['count_per_step']:>12.2f}{100.0 * layer['ms_per_step'] / total:>7.1f}%  "
+                             f"{_short(_top_categories(layer), 70)}")
         lines.append("  top kernels:")
         for k in d["kernels"][:top]:
             lines.append(f"  {_fmt_ms(k['ms_per_step']):>10} ms {k['count_per_step']:>7.2f}x  "
@@ -66,6 +103,15 @@ def render_csv(budget: dict) -> str:
             w.writerow([d["device"], "category", c["category"], "", c["ms_per_step"], c["count_per_step"]])
         for k in d["kernels"]:
             w.writerow([d["device"], "kernel", k["category"], k["demangled"], k["ms_per_step"], k["count_per_step"]])
+        for layer in d.get("layers") or []:
+            name = layer_name(layer["layer"])
+            w.writerow([d["device"], "layer", "", name, layer["ms_per_step"], layer["count_per_step"]])
+            for c in layer["categories"]:
+                w.writerow([d["device"], "layer_category", c["category"], name, c["ms_per_step"],
+                            c["count_per_step"]])
+        if d.get("comm"):
+            for key in ("collective", "transfer", "wait"):
+                w.writerow([d["device"], f"comm_{key}", "", "", d["comm"][f"{key}_ms_per_step"], ""])
     return buf.getvalue()
 
 
@@ -73,6 +119,12 @@ def render_markdown(budget: dict, top: int = TOP_KERNELS) -> str:
     out = []
     steps = budget["steps"]
     out.append(f"Steps: `{md_escape(steps['source'])}` x{steps['count']} ({md_escape(steps.get('reason', ''))})")
+    if budget.get("nvtx_context"):
+        out.append("")
+        out.append(f"NVTX context: {md_escape(budget['nvtx_context'])}")
+    for line in _placement_lines(budget):
+        out.append("")
+        out.append(f"> **Note:** {md_escape(line[len('note: '):])}")
     for d in budget["devices"]:
         out.append("")
         out.append(f"### GPU {d['device']}: {d['step_ms']:.3f} ms/step (median), "
@@ -87,6 +139,18 @@ def render_markdown(budget: dict, top: int = TOP_KERNELS) -> str:
                    f"{100.0 * d['idle_ms_per_step'] / max(d['mean_step_ms'], 1e-12):.1f}% |")
         if d["overlap_ms_per_step"] > 1e-6:
             out.append(f"| overlap (streams at once, subtracted) | -{d['overlap_ms_per_step']:.3f} | | |")
+        if d.get("comm"):
+            out.append("")
+            out.append(md_escape(_comm_line(d["comm"])[0].upper() + _comm_line(d["comm"])[1:]) + ".")
+        if d.get("layers") is not None:
+            out.append("")
+            out.append("| layer | ms/step | count/step | share of step | top categories (ms/step) |")
+            out.append("|---|---:|---:|---:|---|")
+            for layer in d["layers"]:
+                out.append(f"| {md_escape(layer_name(layer['layer']))} | {layer['ms_per_step']:.3f} | "
+                           f"{layer['count_per_step']:.2f} | "
+                           f"{100.0 * layer['ms_per_step'] / max(d['mean_step_ms'], 1e-12):.1f}% | "
+                           f"{md_escape(_top_categories(layer))} |")
         out.append("")
         out.append("| kernel | category | ms/step | count/step |")
         out.append("|---|---|---:|---:|")

@@ -1,6 +1,7 @@
 """Render a diff (the `profattr.diff/1` dict) for a person (table) or as markdown."""
 from __future__ import annotations
 
+from profattr.report.budget_view import layer_name
 from profattr.report.escape import md_escape
 
 
@@ -45,6 +46,12 @@ def render_table(diff: dict) -> str:
             if kl:
                 lines.append(f"      {kl}")
         lines.append(f"  components sum to the step delta within {abs(d['closure_ms']):.2e} ms")
+        if d.get("layers"):
+            lines.append(f"  {'layer':<28}{'A':>9}{'B':>9}{'delta':>10}  ops/step A -> B")
+            for r in d["layers"]:
+                lines.append(f"  {layer_name(r['layer']):<28}{r['a_ms_per_step']:>9.3f}{r['b_ms_per_step']:>9.3f}"
+                             f"{r['delta_ms_per_step']:>+10.3f}  {r['a_count_per_step']:.1f} -> "
+                             f"{r['b_count_per_step']:.1f}")
     lines.append("")
     lines.append(f"verdict: {diff['verdict']}")
     return "\n".join(lines)
@@ -73,5 +80,13 @@ def render_markdown(diff: dict, a_label: str = "A", b_label: str = "B") -> str:
             out.append(f"| {md_escape(c['component'])} | {c['a_ms_per_step']:.3f} | {c['b_ms_per_step']:.3f} | "
                        f"{c['delta_ms_per_step']:+.3f} | {ci} | {fc} | {fd} | {md_escape(_kernel_line(c, 48))} |")
         out.append("")
+        if d.get("layers"):
+            out.append(f"| layer | {md_escape(a_label)} ms | {md_escape(b_label)} ms | Δ ms | ops/step |")
+            out.append("|---|---:|---:|---:|---|")
+            for r in d["layers"]:
+                out.append(f"| {md_escape(layer_name(r['layer']))} | {r['a_ms_per_step']:.3f} | "
+                           f"{r['b_ms_per_step']:.3f} | {r['delta_ms_per_step']:+.3f} | "
+                           f"{r['a_count_per_step']:.1f} → {r['b_count_per_step']:.1f} |")
+            out.append("")
     out.append(f"Verdict: {md_escape(diff['verdict'])}")
     return "\n".join(out)

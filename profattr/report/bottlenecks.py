@@ -1,0 +1,259 @@
+"""The ranked list of bottlenecks: what costs the most time per step, each with a one-line reason built from the
+numbers (no fixed sentence that the numbers could contradict: every claim below is guarded by the value it states).
+
+`rank_bottlenecks(captures, diffs)` takes plain structures:
+- captures: dicts with `label`, `budget` (`profattr.budget/1`), `launches` (list from `report.launches`) and
+  `gap` (`profattr.gap/1` or None);
+- diffs: dicts with `a` and `b` (labels) and `diff` (`profattr.diff/1`).
+It returns dicts {rank, capture, device, kind, ms_per_step, share_of_step, title, reason}, largest first. Strings
+are raw (the renderer escapes them).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+IDLE_MIN_SHARE = 0.10  # idle below this share of the step is not a bottleneck
+CATEGORY_MIN_SHARE = 0.05  # nor is a category below this share
+SPREAD_IDLE = 0.25  # idle is "spread over many gaps" when the largest gap per step holds less than this of it
+MANY_KERNELS = 64  # a category launching at least this many kernels per step ...
+SHORT_KERNEL_US = 10.0  # ... of at most this mean duration is "many short kernels"
+KERNEL_COUNT_CHANGE = 0.10  # a diff's kernel count changes when it moves by at least this fraction
+OFFSET_SHARE = 0.05  # idle offsets kernel time when it moves the other way by at least this share of it
+PER_CAPTURE = 5
+LIMIT = 15
+
+
+def _pct(x: float) -> str:
+    return f"{100.0 * x:.0f}%"
+
+
+def _us(ms: float) -> str:
+    us = 1e3 * ms
+    return f"{us:.1f} µs" if us < 100 else f"{us:.0f} µs"
+
+
+def _ms(ms: float) -> str:
+    return f"{ms:.3f} ms" if ms >= 0.1 else f"{1e3 * ms:.2g} µs"
+
+
+def _short(name: str, width: int = 60) -> str:
+    return name if len(name) <= width else name[: width - 1] + "…"
+
+
+def idle_reason(s: dict) -> str | None:
+    """Why a device idles (None when idle is below IDLE_MIN_SHARE of the step)."""
+    if s["idle_share"] < IDLE_MIN_SHARE or s["idle_ms_per_step"] <= 0:
+        return None
+    idle = s["idle_ms_per_step"]
+    graph_launches = s.get("graph_launches_per_step")
+    if s["mode"] == "eager":
+        if s["largest_gap_share_of_idle"] < SPREAD_IDLE:
+            return (f"the GPU waits on the CPU between kernels: {s['ops_per_step']:.0f} ops/step launched one by "
+                    f"one, a median gap of {s['median_gap_us']:.1f} µs before each, the largest gap per step only "
+                    f"{100.0 * s['largest_gap_share_of_idle']:.1f}% of the idle: launch-bound; use CUDA graphs or "
+                    "launch fewer, larger kernels")
+        syncs = s.get("sync_calls_per_step")
+        sync_text = f", {syncs:.1f} synchronizations/step" if syncs else ""
+        return (f"one gap of {s['largest_gap_us']:.0f} µs per step holds {_pct(s['largest_gap_share_of_idle'])} of "
+                f"the idle{sync_text}: the CPU is busy with host work between launches, not launching")
+    eager_idle, graph_idle = s["idle_before_eager_ops_ms"], s["idle_before_graph_ops_ms"]
+    replay = (f"{graph_launches:.1f} graph launches/step replay {s['graph_ops_per_step']:.0f} ops"
+              if graph_launches is not None else f"{s['graph_ops_per_step']:.0f} ops/step replayed from a graph")
+    if eager_idle >= 0.5 * idle:
+        return (f"{replay}, yet {eager_idle:.3f} ms/step of idle precedes the {s['eager_ops_per_step']:.1f} ops "
+                f"launched outside the graph (largest gap {s['largest_gap_us']:.0f} µs/step) and only "
+                f"{graph_idle:.3f} ms falls inside the replay: the GPU waits on host work between replays; overlap "
+                "or shorten it, or move those ops into the graph")
+    return (f"{replay}; {graph_idle:.3f} ms/step of idle falls between replayed nodes (median gap "
+            f"{s['median_gap_us']:.1f} µs, largest {s['largest_gap_us']:.0f} µs/step): dependencies or waits "
+            "inside the graph, not CPU launches")
+
+
+def category_reason(device: dict, category: str, gap_device: dict | None = None) -> str:
+    """The category's top kernel with count and mean duration, its other kernels, and its efficiency vs floor."""
+    kernels = [k for k in device["kernels"] if k["category"] == category]
+    if not kernels:
+        return "no kernels"
+    top = kernels[0]
+    mean_ms = top["ms_per_step"] / top["count_per_step"] if top["count_per_step"] else 0.0
+    text = f"{_short(top['name'])} ×{top['count_per_step']:.0f}/step at {_us(mean_ms)} each"
+    rest = kernels[1:]
+    if rest:
+        text += (f", plus {len(rest)} other kernel{'s' if len(rest) > 1 else ''} "
+                 f"({sum(k['ms_per_step'] for k in rest):.3f} ms)")
+    count = sum(k["count_per_step"] for k in kernels)
+    total = sum(k["ms_per_step"] for k in kernels)
+    if count >= MANY_KERNELS and count and 1e3 * total / count <= SHORT_KERNEL_US:
+        text += (f"; {count:.0f} short kernels/step (mean {1e3 * total / count:.1f} µs): a grouped or fused kernel "
+                 "would do this work in fewer launches")
+    comm = next((c for c in (device.get("comm") or {}).get("by_category", []) if c["category"] == category), None)
+    if comm and comm.get("wait_ms_per_step", 0.0) > 0.0 and total:
+        text += (f"; {comm['wait_ms_per_step']:.3f} ms of it ({_pct(comm['wait_ms_per_step'] / total)}) is this GPU "
+                 "waiting inside the collective for the other ranks, not transfer")
+    row = _gap_row(gap_device, category)
+    if row and row.get("efficiency_pct") is not None and row.get("floor_ms"):
+        text += (f"; runs at {row['efficiency_pct']:.1f}% of its hardware limit (floor {_ms(row['floor_ms'])}, "
+                 f"{row.get('bound') or '?'}-bound)")
+    return text
+
+
+def _gap_row(gap_device: dict | None, category: str) -> dict | None:
+    if not gap_device:
+        return None
+    rows = gap_device.get("categories") or []
+    exact = next((r for r in rows if r.get("category") == category), None)
+    if exact:
+        return exact
+    family = category.split(".")[0]  # the gap rolls some categories up (gemm.bf16 -> gemm)
+    return next((r for r in rows if r.get("category") == family), None)
+
+
+def capture_items(cap: dict) -> list:
+    """Bottleneck candidates of one capture: idle, large categories, unclassified time."""
+    items = []
+    launches = {s["device"]: s for s in cap.get("launches") or []}
+    gap_devices = {g["device"]: g for g in (cap.get("gap") or {}).get("devices", [])}
+    for d in cap["budget"]["devices"]:
+        step = d["mean_step_ms"] or 1e-12
+        s = launches.get(d["device"])
+        if s is not None:
+            reason = idle_reason(s)
+            if reason:
+                items.append(_item(cap["label"], d["device"], "idle", d["idle_ms_per_step"], step,
+                                   f"idle {_pct(s['idle_share'])} of the step", reason))
+        for c in d["categories"]:
+            share = c["ms_per_step"] / step
+            if share < CATEGORY_MIN_SHARE:
+                continue
+            if c["category"] == "unclassified":
+                top = next(k for k in d["kernels"] if k["category"] == "unclassified")
+                reason = (f"{_short(top['name'])} ×{top['count_per_step']:.0f}/step ({top['ms_per_step']:.3f} ms) "
+                          "matches no taxonomy rule: add one (--rules FILE) so its time lands in a category")
+            else:
+                reason = category_reason(d, c["category"], gap_devices.get(d["device"]))
+            items.append(_item(cap["label"], d["device"], "category", c["ms_per_step"], step,
+                               f"{c['category']} {_pct(share)} of the step", reason))
+    return items
+
+
+def diff_items(entry: dict) -> list:
+    """One candidate per device of a diff: what explains B - A, when the change is beyond noise.
+
+    `entry` may carry `a_modes` / `b_modes` ({device: launch mode}) to say when the launch mode changed too."""
+    items = []
+    a, b = entry["a"], entry["b"]
+    for d in entry["diff"]["devices"]:
+        s = d["step_ms"]
+        ci = s.get("ci95")
+        if ci is not None and ci[0] <= 0.0 <= ci[1]:
+            continue
+        parts = split_delta(d)
+        delta = s["delta"]
+        if abs(delta) < 1e-9:
+            continue
+        ka, kb = d["kernels_per_step"]["a"], d["kernels_per_step"]["b"]
+        mode_a = (entry.get("a_modes") or {}).get(d["device"])
+        mode_b = (entry.get("b_modes") or {}).get(d["device"])
+        slower, faster = (b, a) if delta > 0 else (a, b)
+        title = f"{slower} is {abs(delta):.3f} ms/step slower than {faster}"
+        wait = (f", waiting inside collectives {parts['comm_wait']:+.3f} ms"
+                if any(c["component"] == "comm_wait" for c in d["components"]) else "")
+        facts = [f"idle {parts['idle']:+.3f} ms, kernel time {parts['kernel']:+.3f} ms{wait} ({b} minus {a})"]
+        if mode_a and mode_b and mode_a != mode_b:
+            facts.append(f"{a} runs {mode_a}, {b} {mode_b}")
+        if abs(kb - ka) >= KERNEL_COUNT_CHANGE * max(ka, kb, 1e-12):
+            facts.append(f"kernels/step {ka:.0f} → {kb:.0f}")
+        launch_bound = (abs(kb - ka) >= KERNEL_COUNT_CHANGE * max(ka, kb, 1e-12) and mode_a == mode_b
+                        and abs(parts["idle"]) >= 0.5 * abs(delta) and parts["idle"] * delta > 0)
+        if launch_bound:
+            more, fewer = (b, a) if kb > ka else (a, b)
+            title = f"{more} launches {max(ka, kb):.0f} kernels/step vs {min(ka, kb):.0f} in {fewer}"
+            facts.append(f"{_pct(abs(parts['idle']) / abs(delta))} of the {abs(delta):.3f} ms/step difference is "
+                         "idle/launch time: the extra time is launching, not kernel work")
+        else:
+            sentence = kernel_idle_sentence(parts, delta, a, b)
+            if sentence:
+                facts.append(sentence)
+        cats = [c for c in d["components"] if not c["noise"] and c["component"].startswith("category:")
+                and abs(c["delta_ms_per_step"]) >= 0.05 * abs(delta)]
+        cats.sort(key=lambda c: -abs(c["delta_ms_per_step"]))
+        facts += [f"{c['component'].split(':', 1)[1]} {component_reason(c)}" for c in cats[:2]]
+        items.append(_item(f"{b} vs {a}", d["device"], "diff", abs(delta), max(s["a"], s["b"]) or 1e-12, title,
+                           "; ".join(facts)))
+    return items
+
+
+def kernel_idle_sentence(parts: dict, delta: float, a: str, b: str) -> str | None:
+    """When kernel time and idle moved in opposite directions, say which one the step followed (None otherwise)."""
+    kernel, idle = parts["kernel"], parts["idle"]
+    if abs(idle) < OFFSET_SHARE * abs(kernel) or abs(idle) < 1e-3 or abs(kernel) < 1e-3:
+        return None  # idle (or kernel time) barely moved: nothing to reconcile
+    if kernel > 0 > idle:
+        if delta > 0:
+            return (f"{-idle:.3f} ms of {b}'s extra kernel time ran while the GPU sat idle in {a}: the step grew by "
+                    f"{delta:.3f} ms, less than the kernel time ({kernel:+.3f} ms)")
+        return (f"{b} spends {kernel:.3f} ms more in kernels yet its step is {-delta:.3f} ms shorter: the GPU waits "
+                f"{-idle:.3f} ms less, so the gain is in launch/host time, not in kernels")
+    if kernel < 0 < idle:
+        if delta < 0:
+            return (f"{idle:.3f} ms of the kernel time {b} saves became idle time: the step shrank by {-delta:.3f} "
+                    f"ms, less than the kernel time ({kernel:+.3f} ms)")
+        return (f"{b} spends {-kernel:.3f} ms less in kernels yet its step is {delta:.3f} ms longer: the GPU waits "
+                f"{idle:.3f} ms more")
+    return None
+
+
+def split_delta(d: dict) -> dict:
+    """A diff device's step delta as kernel time (categories minus overlap), collective wait (ranks waiting for
+    each other inside collectives), idle, and median-vs-mean drift; the four add up to the step delta."""
+    out = {"kernel": 0.0, "comm_wait": 0.0, "idle": 0.0, "variability": 0.0}
+    for c in d["components"]:
+        name = c["component"]
+        key = {"idle": "idle", "step_variability": "variability", "comm_wait": "comm_wait"}.get(name, "kernel")
+        out[key] += c["delta_ms_per_step"]
+    return out
+
+
+def component_reason(c: dict) -> str:
+    """One line for a diff component: its change, count vs duration, kernels found on one side only."""
+    text = f"{c['delta_ms_per_step']:+.3f} ms"
+    if "from_count_ms" in c:
+        text += (f" ({c['from_count_ms']:+.3f} from the kernel count, {c['count_delta_per_step']:+.1f}/step; "
+                 f"{c['from_duration_ms']:+.3f} from durations)")
+    kernels = c.get("kernels") or {}
+    only_a = [k["name"] for k in kernels.get("only_a", [])]
+    only_b = [k["name"] for k in kernels.get("only_b", [])]
+    if only_a or only_b:
+        text += f": {_names(only_a)} → {_names(only_b)}"
+    return text
+
+
+def _names(names: list) -> str:
+    if not names:
+        return "none"
+    s = ", ".join(_short(n, 40) for n in names[:2])
+    return s + (f" (+{len(names) - 2})" if len(names) > 2 else "")
+
+
+def _item(capture: str, device, kind: str, ms: float, step_ms: float, title: str, reason: str) -> dict:
+    return {"capture": capture, "device": device, "kind": kind, "ms_per_step": float(ms),
+            "share_of_step": float(ms) / step_ms if step_ms else 0.0, "title": title, "reason": reason}
+
+
+def rank_bottlenecks(captures: Sequence[dict], diffs: Sequence[dict] = (), limit: int = LIMIT,
+                     per_capture: int = PER_CAPTURE) -> list:
+    """All candidates, largest ms/step first, at most `per_capture` per capture (or pair) and `limit` in all."""
+    items = [i for cap in captures for i in capture_items(cap)] + [i for e in diffs for i in diff_items(e)]
+    items.sort(key=lambda i: -i["ms_per_step"])
+    taken: list = []
+    per: dict = {}
+    for item in items:
+        if per.get(item["capture"], 0) >= per_capture:
+            continue
+        per[item["capture"]] = per.get(item["capture"], 0) + 1
+        taken.append(item)
+        if len(taken) >= limit:
+            break
+    for rank, item in enumerate(taken, 1):
+        item["rank"] = rank
+    return taken

@@ -1,0 +1,237 @@
+"""Everything `profattr report` shows, gathered per capture: budget, launches, lint findings, gap, and the diffs
+of every capture against the first. The renderers (markdown.py, charts.py) take the result and compute nothing.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional, Sequence
+
+from profattr.attribute.budget import compute_budget
+from profattr.attribute.diff import BOOTSTRAP_SAMPLES, Side, compute_diff
+from profattr.errors import ProfattrError
+from profattr.report.bottlenecks import rank_bottlenecks
+from profattr.report.launches import launch_stats
+from profattr.taxonomy.classify import load_rules
+
+# rules about kernels of other GPU generations or FP4 formats: the part of the taxonomy these captures cannot test
+OTHER_HARDWARE = re.compile(r"sm_?1[0-2]\d|sm1[0-2]x|fp4|e2m1|nvf4|blockscaled|b12x", re.IGNORECASE)
+
+
+@dataclass
+class CaptureReport:
+    label: str
+    path: str  # as the user gave it
+    budget: dict  # profattr.budget/1
+    launches: list  # report.launches.launch_stats
+    run: Optional[dict] = None
+    run_path: Optional[str] = None
+    run_note: Optional[str] = None
+    checks: Optional[list] = None  # finding dicts: check, status, message
+    checks_source: str = "none"  # run.json | now | none
+    checks_note: Optional[str] = None  # why there are none (an error message)
+    gap: Optional[dict] = None  # profattr.gap/1
+    gap_note: Optional[str] = None  # why there is no gap (plain text, unescaped)
+    side: Optional[Side] = field(default=None, repr=False)
+
+    def as_input(self) -> dict:
+        """The plain structure bottlenecks.py and charts.py take."""
+        return {"label": self.label, "budget": self.budget, "launches": self.launches, "gap": self.gap}
+
+
+@dataclass
+class ReportData:
+    captures: list
+    diffs: list  # {"a": label, "b": label, "diff": profattr.diff/1}
+    bottlenecks: list
+    evidence: dict
+    command: str = ""
+    hardware: Optional[str] = None
+    charts: dict = field(default_factory=dict)  # role -> file name inside the output folder
+
+
+def default_labels(names: Sequence[str]) -> list:
+    """Short labels: the capture names without the `-`-separated words they all share at the start and end."""
+    if len(names) < 2:
+        return list(names)
+    words = [n.split("-") for n in names]
+    head = 0
+    while all(len(w) > head + 1 for w in words) and len({w[head] for w in words}) == 1:
+        head += 1
+    tail = 0
+    while (all(len(w) > head + tail + 1 for w in words)
+           and len({w[len(w) - 1 - tail] for w in words}) == 1):
+        tail += 1
+    labels = ["-".join(w[head:len(w) - tail]) for w in words]
+    return labels if len(set(labels)) == len(labels) and all(labels) else list(names)
+
+
+def capture_name(path: Path, run: Optional[dict]) -> str:
+    if run and isinstance(run.get("name"), str) and run["name"]:
+        return run["name"]
+    name = path.name
+    for suffix in (".sqlite", ".nsys-rep", ".qdrep"):
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
+def read_run(path: Path):
+    """(run dict or None, run.json path shown, note)."""
+    from profattr.limits.workload import run_json_path
+
+    run_path = run_json_path(path)
+    if not run_path.exists():
+        return None, None, f"no {run_path.name} beside the capture: commands, versions and lint are unknown"
+    try:
+        run = json.loads(run_path.read_text())
+    except (OSError, ValueError) as exc:
+        return None, str(run_path), f"{run_path.name} is not readable JSON ({exc})"
+    if not isinstance(run, dict):
+        return None, str(run_path), f"{run_path.name} is not a JSON object"
+    return run, str(run_path), None
+
+
+def lint_findings(path: Path, run: Optional[dict]):
+    """(finding dicts or None, source, note): source `run.json` when the capture recorded `profattr check`'s
+    findings, `now` when they were computed here, `none` (with the reason in note) when neither worked."""
+    recorded = (run or {}).get("check")
+    if isinstance(recorded, dict) and isinstance(recorded.get("findings"), list):
+        return [f for f in recorded["findings"] if isinstance(f, dict)], "run.json", None
+    try:
+        from profattr.capture.lint import check_capture
+
+        _, findings = check_capture(path)
+    except ProfattrError as exc:
+        return None, "none", exc.format_message()
+    return [f.to_dict() for f in findings], "now", None
+
+
+def capture_gap(budget: dict, sqlite: Path, run: Optional[dict], run_path: Optional[str],
+                hardware: Optional[str]):
+    """(gap dict or None, note) for a capture whose run.json records the built-in workload's spec."""
+    record = (run or {}).get("workload")
+    if not isinstance(record, dict):
+        why = "no run.json" if run is None else "run.json has no `workload` record (not the built-in workload)"
+        return None, f"skipped: {why}"
+    from profattr.limits.gap import compute_gap
+    from profattr.limits.hardware import load_hardware, match_hardware, read_capture_gpus
+    from profattr.limits.workload import spec_from_workload
+
+    gpus = read_capture_gpus(sqlite)
+    hw_id = hardware
+    if hw_id is None:
+        matched = {match_hardware(str(g.get("name") or "")) for g in gpus.values()}
+        if len(matched) != 1 or None in matched:
+            return None, "skipped: cannot tell the hardware from the capture's GPU names; pass --hardware"
+        hw_id = matched.pop()
+    try:
+        spec = spec_from_workload(record, source=Path(run_path).name if run_path else "run.json")
+        return compute_gap(budget, spec, load_hardware(hw_id), capture_gpus=gpus), None
+    except ProfattrError as exc:
+        return None, f"skipped: {exc.format_message()}"
+
+
+def evidence_summary(captures: Sequence[CaptureReport], rules: Sequence = ()) -> dict:
+    """Which taxonomy rules classified these captures (by evidence, weighted by GPU time), and which matched nothing
+    here (their names come from sources only), among them the rules for other GPU generations or FP4 kernels."""
+    ruleset = load_rules(rules)
+    hit: dict = {}
+    for cap in captures:
+        for d in cap.budget["devices"]:
+            for k in d["kernels"]:
+                if k["category"] == "unclassified":
+                    continue
+                rule = _rule_for(ruleset, k)
+                if rule is not None:
+                    hit[rule.id] = hit.get(rule.id, 0.0) + k["ms_per_step"]
+    by_id = {r.id: r for r in ruleset.rules}
+    ms_by_evidence: dict = {}
+    for rule_id, ms in hit.items():
+        ev = by_id[rule_id].evidence
+        ms_by_evidence[ev] = ms_by_evidence.get(ev, 0.0) + ms
+    unmatched = [r for r in ruleset.rules if r.id not in hit and not r.user]
+    other_hw = [r for r in unmatched if OTHER_HARDWARE.search(f"{r.id} {r.pattern}")]
+    count_by_evidence: dict = {}
+    for r in unmatched:
+        count_by_evidence[r.evidence] = count_by_evidence.get(r.evidence, 0) + 1
+    return {
+        "rules_total": len(ruleset.rules),
+        "rules_hit": sorted(hit),
+        "hit_by_evidence": {ev: sum(1 for i in hit if by_id[i].evidence == ev) for ev in
+                            sorted({by_id[i].evidence for i in hit})},
+        "ms_by_evidence": ms_by_evidence,
+        "unmatched_rules": len(unmatched),
+        "unmatched_by_evidence": count_by_evidence,
+        "other_hardware_rules": len(other_hw),
+        "other_hardware_examples": [r.id for r in other_hw[:6]],
+    }
+
+
+def _rule_for(ruleset, kernel: dict):
+    """The rule that gave a budget kernel its category: plain first, then under each NVTX context."""
+    names = (kernel.get("demangled") or kernel["name"], kernel["name"])
+    for contexts in [frozenset()] + [frozenset([p]) for p in ruleset.context_patterns]:
+        rule = ruleset.match(names[0], contexts, short=names[1])
+        if rule is not None and rule.category == kernel["category"]:
+            return rule
+    return None
+
+
+def collect_report(paths: Sequence, labels: Optional[Sequence[str]] = None, steps: str = "auto",
+                   rules: Sequence = (), hardware: Optional[str] = None, samples: int = BOOTSTRAP_SAMPLES,
+                   changed: Optional[str] = None, force_export: bool = False) -> ReportData:
+    """Budgets, launch stats, lint findings and gaps of every capture; diffs of each against the first; the ranked
+    bottlenecks; the taxonomy evidence. Captures are .sqlite exports or .nsys-rep reports."""
+    if labels is not None and len(labels) != len(paths):
+        raise ProfattrError(f"--labels gives {len(labels)} label(s) for {len(paths)} capture(s); give one per capture")
+    captures = []
+    for path in paths:
+        path = Path(path)
+        run, run_path, run_note = read_run(path)
+        budget = compute_budget(path, steps=steps, rules=rules, force=force_export, keep_attribution=True)
+        launches = launch_stats(budget)
+        budget.attribution = None  # the arrays are no longer needed; the diff needs only the per-step tables
+        data = budget.to_dict()
+        checks, checks_source, checks_note = lint_findings(Path(budget.path), run)
+        gap, gap_note = capture_gap(data, Path(budget.path), run, run_path, hardware)
+        side = Side(str(path), data, budget.per_step, budget.per_step_category, run)
+        side.per_step_comm = getattr(budget, "per_step_comm", None)  # per-step collective waits (several GPUs)
+        captures.append(CaptureReport(label="", path=str(path), budget=data, launches=launches, run=run,
+                                      run_path=run_path, run_note=run_note, checks=checks,
+                                      checks_source=checks_source, checks_note=checks_note, gap=gap,
+                                      gap_note=gap_note, side=side))
+    names = list(labels) if labels is not None else default_labels(
+        [capture_name(Path(c.path), c.run) for c in captures])
+    if len(set(names)) != len(names):
+        raise ProfattrError(f"labels must differ from each other (got {', '.join(names)}); pass --labels")
+    for cap, name in zip(captures, names):
+        cap.label = name
+    diffs = []
+    first = captures[0]
+    for cap in captures[1:]:
+        diff = compute_diff(first.side, cap.side, samples=samples, changed=changed or _changed(first, cap))
+        diffs.append({"a": first.label, "b": cap.label, "diff": diff,
+                      "a_modes": {s["device"]: s["mode"] for s in first.launches},
+                      "b_modes": {s["device"]: s["mode"] for s in cap.launches},
+                      "a_unprofiled_ms_per_token": unprofiled_ms(first.run),
+                      "b_unprofiled_ms_per_token": unprofiled_ms(cap.run)})
+    bottlenecks = rank_bottlenecks([c.as_input() for c in captures], diffs)
+    return ReportData(captures=captures, diffs=diffs, bottlenecks=bottlenecks,
+                      evidence=evidence_summary(captures, rules), hardware=hardware)
+
+
+def unprofiled_ms(run: Optional[dict]) -> Optional[float]:
+    """ms per token measured without the profiler (run.json `timing`), or None."""
+    value = ((run or {}).get("timing") or {}).get("ms_per_token_unprofiled")
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def _changed(a: CaptureReport, b: CaptureReport) -> Optional[str]:
+    """`moe` when the two built-in workload captures ran different MoE implementations; else the diff decides."""
+    wa, wb = (a.run or {}).get("workload"), (b.run or {}).get("workload")
+    if isinstance(wa, dict) and isinstance(wb, dict) and wa.get("moe_impl") != wb.get("moe_impl"):
+        return "moe"
+    return None

@@ -1,0 +1,118 @@
+"""Click command `profattr report`: the markdown bottleneck report, with PNG charts, for one capture or several."""
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import click
+
+from profattr.attribute.commands import rules_option, steps_option
+from profattr.errors import ProfattrError
+
+REPORT_FILE = "report.md"
+CATEGORY_CHART = "categories.png"
+LAUNCH_CHART = "launches.png"
+
+
+def chart_slug(label: str) -> str:
+    """A file-name-safe form of a label (charts are named after captures)."""
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", label).strip("-.")
+    return slug or "capture"
+
+
+def output_files(data) -> dict:
+    """role -> file name of every chart the report will write (the gap chart only where a gap was computed)."""
+    files = {"categories": CATEGORY_CHART, "launches": LAUNCH_CHART}
+    used = set(files.values())
+    for cap in data.captures:
+        if cap.gap is not None:
+            name = f"gap-{chart_slug(cap.label)}.png"
+            n = 2
+            while name in used:
+                name = f"gap-{chart_slug(cap.label)}-{n}.png"
+                n += 1
+            used.add(name)
+            files[f"gap:{cap.label}"] = name
+    return files
+
+
+def write_report(data, out_dir: Path, force: bool = False) -> list:
+    """Write report.md and its charts into `out_dir`; returns the paths written. Refuses to replace any existing
+    file without `force`."""
+    from profattr.limits.chart import write_gap_chart
+    from profattr.report import charts
+    from profattr.report.markdown import render_report
+
+    files = output_files(data)
+    targets = [out_dir / REPORT_FILE] + [out_dir / f for f in files.values()]
+    existing = [p for p in targets if p.exists()]
+    if existing and not force:
+        raise ProfattrError(f"{existing[0]} exists; pass --force to overwrite the report in {out_dir}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    inputs = [c.as_input() for c in data.captures]
+    charts.write_category_chart(inputs, out_dir / files["categories"])
+    charts.write_launch_chart(inputs, out_dir / files["launches"])
+    for cap in data.captures:
+        role = f"gap:{cap.label}"
+        if role in files:
+            write_gap_chart(cap.gap, out_dir / files[role])
+    data.charts = files
+    (out_dir / REPORT_FILE).write_text(render_report(data), encoding="utf-8")
+    return targets
+
+
+def _command_line(captures, output, steps, rules, hardware, labels, samples, changed) -> str:
+    args = ["profattr", "report", *map(str, captures), "-o", str(output)]
+    if steps != "auto":
+        args += ["--steps", steps]
+    for r in rules:
+        args += ["--rules", str(r)]
+    if hardware:
+        args += ["--hardware", hardware]
+    if labels:
+        args += ["--labels", labels]
+    if changed:
+        args += ["--changed", changed]
+    if samples is not None:
+        args += ["--samples", str(samples)]
+    return " ".join(shlex.quote(a) for a in args)
+
+
+@click.command()
+@click.argument("captures", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("-o", "--output", "output", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Folder to write report.md and its PNG charts into (created when missing).")
+@steps_option
+@rules_option
+@click.option("--hardware", "-H", default=None,
+              help="GPU preset for the gap to the hardware limit (default: matched from the capture's GPU name).")
+@click.option("--labels", default=None, help="Comma-separated names of the captures, in order (default: their "
+                                             "names without the words they share).")
+@click.option("--changed", default=None, help="Category family changed between the captures (e.g. moe), for the "
+                                              "diff's same-kernel warning. Default: as `profattr diff` decides.")
+@click.option("--samples", default=None, type=click.IntRange(min=1),
+              help="Bootstrap samples for the diffs' 95% intervals.  [default: 2000]")
+@click.option("--force", is_flag=True, help="Overwrite an existing report (report.md and charts) in the folder.")
+def report(captures, output, steps, rules, hardware, labels, changed, samples, force):
+    """Write the bottleneck report of CAPTURES to OUTPUT/report.md, with PNG charts.
+
+    CAPTURES are Nsight Systems SQLite exports or .nsys-rep reports; the first is the baseline every other
+    capture is compared with. NAME.run.json beside a capture (written by `profattr capture`) adds commands,
+    versions, lint findings and, for the built-in workload, the gap to the hardware limit.
+    """
+    from profattr.attribute.diff import BOOTSTRAP_SAMPLES
+    from profattr.report.collect import collect_report
+
+    if not force:  # fail before the slow part (gap charts, named after captures, are checked when known)
+        for name in (REPORT_FILE, CATEGORY_CHART, LAUNCH_CHART):
+            if (output / name).exists():
+                raise ProfattrError(f"{output / name} exists; pass --force to overwrite the report in {output}")
+    label_list = [x.strip() for x in labels.split(",")] if labels else None
+    if label_list is not None and not all(label_list):
+        raise ProfattrError(f"--labels {labels!r}: a label is empty; give one non-empty name per capture")
+    data = collect_report(list(captures), labels=label_list, steps=steps, rules=rules, hardware=hardware,
+                          samples=BOOTSTRAP_SAMPLES if samples is None else samples, changed=changed)
+    data.command = _command_line(captures, output, steps, rules, hardware, labels, samples, changed)
+    written = write_report(data, output, force=force)
+    click.echo(f"wrote {written[0]} and {len(written) - 1} chart(s)")
