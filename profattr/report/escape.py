@@ -3,15 +3,20 @@ from __future__ import annotations
 
 import re
 
-_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|<>~$])")  # $ starts inline math on GitHub
+_MD_SPECIAL = re.compile(r"([\\`*_{}\[\]|~$])")  # inline markup anywhere; $ starts inline math on GitHub
+_LINE_START = re.compile(r"^(\s*)(?:([#+\-=])|(\d+)([.)]))")  # headings, list items, setext underlines
 
 
 def md_escape(text) -> str:
-    """Text safe inside a markdown paragraph or table cell: no markup, no HTML, no line breaks."""
+    """Text safe inside a markdown paragraph or table cell: no markup, no HTML, no line breaks.
+
+    Characters that make markup anywhere are backslash-escaped, `<`, `>` and `&` become entities (no HTML can
+    open), and what only matters at the start of a line (a heading `#`, a list `-`/`1.`) is escaped there.
+    """
     s = str(text).replace("\r", " ").replace("\n", " ")
-    s = s.replace("&", "&amp;")
+    s = s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     s = _MD_SPECIAL.sub(r"\\\1", s)
-    return s.replace("\\<", "&lt;").replace("\\>", "&gt;")
+    return _LINE_START.sub(lambda m: m.group(1) + ("\\" + m.group(2) if m.group(2) else m.group(3) + "\\" + m.group(4)), s)
 
 
 def md_code(text) -> str:
