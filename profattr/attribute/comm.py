@@ -36,7 +36,8 @@ def collective_split(ops, step: np.ndarray, step_start: np.ndarray, category: np
     "slowest_rank_per_step"}; per-step frame: device, step, category, collective_ns, wait_ns.
     """
     inside = step >= 0
-    is_comm = inside & np.array([str(c).startswith(COMM_PREFIX) for c in category], dtype=bool)
+    codes, names = pd.factorize(category)  # few distinct categories: test each name once, not each op
+    is_comm = inside & np.array([str(c).startswith(COMM_PREFIX) for c in names], dtype=bool)[codes]
     devices = sorted({int(d) for d in np.unique(ops.device[is_comm])})
     if len(devices) < 2:
         return None

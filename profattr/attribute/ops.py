@@ -23,28 +23,37 @@ COPY_KINDS = {0: "unknown", 1: "HtoD", 2: "DtoH", 3: "HtoA", 4: "AtoH", 5: "AtoA
 
 @dataclass
 class Ops:
-    """One row per GPU activity, as parallel arrays (int64 unless noted).
+    """One row per GPU activity, as parallel arrays, kept narrow (millions of rows).
 
-    `name_id` / `demangled_id` are StringIds ids for kernels; for memory ops they are negative codes
-    (-1 - copyKind for memcpy, -100 for memset). `launch_tid` / `launch_ns` are the launching thread and the
-    start of the launch call (-1 when no launch call was recorded).
+    `name_id` / `demangled_id` (int32) are StringIds ids for kernels; for memory ops they are negative codes
+    (-1 - copyKind for memcpy, -100 for memset). `launch_key` is (VM and process bits) << 32 | correlationId.
+    `launch_tid` / `launch_ns` are the launching thread and the start of the launch call (-1 when no launch call
+    was recorded).
     """
 
-    start: np.ndarray
-    end: np.ndarray
-    device: np.ndarray
-    correlation: np.ndarray
-    pid: np.ndarray  # VM and process bits of the globalPid (globalPid >> 24)
-    name_id: np.ndarray
-    demangled_id: np.ndarray
-    graph_node: np.ndarray
-    stream: np.ndarray
+    start: np.ndarray  # int64 ns
+    end: np.ndarray  # int64 ns
+    device: np.ndarray  # int16
+    launch_key: np.ndarray  # int64
+    name_id: np.ndarray  # int32
+    demangled_id: np.ndarray  # int32
+    graph_node: np.ndarray  # int64, -1 outside graphs
+    stream: np.ndarray  # int32
     kind: np.ndarray  # int8
-    launch_tid: np.ndarray
-    launch_ns: np.ndarray
+    launch_tid: np.ndarray  # int64
+    launch_ns: np.ndarray  # int64
 
     def __len__(self) -> int:
         return len(self.start)
+
+    @property
+    def correlation(self) -> np.ndarray:
+        return self.launch_key & LOW32
+
+    @property
+    def pid(self) -> np.ndarray:
+        """VM and process bits of the globalPid (globalPid >> 24)."""
+        return self.launch_key >> 32
 
     @property
     def duration_ns(self) -> np.ndarray:
@@ -70,11 +79,6 @@ PACKED_COLS = ["start", "end", "packed", "launch_key", "graph_node"]
 LOW32 = np.int64(0xFFFFFFFF)
 
 
-def _fetch(export: Export, table: str, query: str) -> dict:
-    return export.arrays(load_query(query, **_optional(export, table, "k" if table == KERNEL else "m")),
-                         PACKED_COLS, max_rows=export.count(table))
-
-
 def load_ops(export: Export, include_memory: bool = True) -> Ops:
     """All GPU activities with their launch calls joined. Raises when the export has no kernel data."""
     if not export.has(KERNEL):
@@ -86,38 +90,48 @@ def load_ops(export: Export, include_memory: bool = True) -> Ops:
                 hint = ("the capture has cudaGraphLaunch calls but no kernel rows: it was made with "
                         "`--cuda-graph-trace=graph`; capture again with `--cuda-graph-trace=node`")
         raise ProfattrError(f"{export.path}: no CUDA kernel data; {hint}")
-    parts = [(_fetch(export, KERNEL, "gpu_kernels"), KIND_KERNEL)]
-    tables = [KERNEL]
+    sources = [(KERNEL, "gpu_kernels", KIND_KERNEL, "k")]
     if include_memory:
-        for table, query, kind in ((MEMCPY, "gpu_memcpy", KIND_MEMCPY), (MEMSET, "gpu_memset", KIND_MEMSET)):
-            if export.has(table):
-                parts.append((_fetch(export, table, query), kind))
-                tables.append(table)
-    cols = {c: np.concatenate([p[c] for p, _ in parts]) if len(parts) > 1 else parts[0][0][c]
-            for c in PACKED_COLS}
-    kind = np.concatenate([np.full(len(p["start"]), k, dtype=np.int8) for p, k in parts])
-    packed = cols.pop("packed")
-    low = packed & LOW32
+        sources += [(t, q, k, "m") for t, q, k in ((MEMCPY, "gpu_memcpy", KIND_MEMCPY), (MEMSET, "gpu_memset",
+                                                                                         KIND_MEMSET))
+                    if export.has(t)]
+    # one column buffer for all three tables: no concatenated copies
+    capacity = sum(export.count(t) for t, *_ in sources)
+    buf = np.empty((len(PACKED_COLS), capacity), dtype=np.int64)
+    kind = np.empty(capacity, dtype=np.int8)
+    filled = 0
+    for table, query, code, alias in sources:
+        sql = load_query(query, **_optional(export, table, alias))
+        n = export.arrays_into(sql, buf, filled)
+        kind[filled:filled + n] = code
+        filled += n
+    buf, kind = buf[:, :filled], kind[:filled]
+    start, end, packed, key, graph_node = buf
+    low = (packed & LOW32).astype(np.int32)
     # names: kernels carry their demangled-name id; memory ops get negative codes (see Ops)
-    demangled_id = np.where(kind == KIND_KERNEL, low, np.where(kind == KIND_MEMCPY, -1 - low, -100))
-    name_id = _short_names(export, demangled_id)
-    key = cols.pop("launch_key")
-    launch_tid, launch_ns = _join_launches(export, tables, key)
-    return Ops(start=cols["start"], end=cols["end"], device=packed >> 56, correlation=key & LOW32, pid=key >> 32,
-               name_id=name_id, demangled_id=demangled_id, graph_node=cols["graph_node"],
-               stream=(packed >> 32) & 0xFFFFFF, kind=kind, launch_tid=launch_tid, launch_ns=launch_ns)
+    demangled_id = low
+    is_copy, is_set = kind == KIND_MEMCPY, kind == KIND_MEMSET
+    demangled_id[is_copy] = -1 - low[is_copy]
+    demangled_id[is_set] = -100
+    device = (packed >> 56).astype(np.int16)
+    stream = ((packed >> 32) & 0xFFFFFF).astype(np.int32)
+    del packed, low
+    launch_tid, launch_ns = _join_launches(export, [t for t, *_ in sources], key)
+    return Ops(start=start, end=end, device=device, launch_key=key, name_id=_short_names(export, demangled_id),
+               demangled_id=demangled_id, graph_node=graph_node, stream=stream, kind=kind,
+               launch_tid=launch_tid, launch_ns=launch_ns)
 
 
 def _short_names(export: Export, demangled_id: np.ndarray) -> np.ndarray:
     """Short-name id per op, from the (demangled, short) pairs of the kernel table (few distinct names)."""
     pairs = np.array(export.query(load_query("kernel_names")), dtype=np.int64).reshape(-1, 2)
-    out = demangled_id.copy()
+    out = demangled_id.copy()  # int32
     if len(pairs):
         order = np.argsort(pairs[:, 0])
         keys, vals = pairs[order, 0], pairs[order, 1]
         pos = np.clip(np.searchsorted(keys, demangled_id), 0, len(keys) - 1)
         hit = (keys[pos] == demangled_id) & (demangled_id >= 0)
-        out[hit] = vals[pos[hit]]
+        out[hit] = vals[pos[hit]].astype(np.int32)
     return out
 
 

@@ -90,15 +90,19 @@ def auto_steps(export: Export, ranges: Ranges, launch_tid: np.ndarray, launch_ns
         counts = frame["text"].value_counts()
         names = [n for n in counts[counts >= 2].index]
         # look at the step-like names first, then the longest-lasting; 40 candidates are plenty
-        total = frame.groupby("text")["end"].sum() - frame.groupby("text")["start"].sum()
+        by_name = frame.groupby("text")
+        total = by_name["end"].sum() - by_name["start"].sum()
+        mean_len = total / by_name.size()
+        rows_of = by_name.indices
         names.sort(key=lambda n: (not STEP_NAME_HINT.search(str(n)), -int(total[n])))
         lt, ln = launch_tid[launched], launch_ns[launched]
+        tid, start, end = (frame[c].to_numpy() for c in ("tid", "start", "end"))
         for name in names[:40]:
-            sel = frame[frame["text"] == name]
-            covered = int(enclosed(sel["tid"].to_numpy(), sel["start"].to_numpy(), sel["end"].to_numpy(),
-                                   lt, ln).sum())
-            mean_len = float((sel["end"] - sel["start"]).mean())
-            key = (covered, mean_len)
+            if best is not None and best[2] == n_launched and mean_len[name] <= best[0][1]:
+                continue  # cannot beat a candidate that already encloses everything and lasts longer
+            rows = rows_of[name]
+            covered = int(enclosed(tid[rows], start[rows], end[rows], lt, ln).sum())
+            key = (covered, float(mean_len[name]))
             if covered >= MIN_COVERAGE * n_launched and (best is None or key > best[0]):
                 best = (key, name, covered)
     if best is not None:

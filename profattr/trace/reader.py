@@ -75,31 +75,43 @@ class Export:
         the result plus one chunk. `max_rows`, when known (an upper bound), sizes the buffer once. NULLs must be
         replaced in SQL (COALESCE): integer columns only.
         """
-        ncols = len(names)
-        cursor = self._run(sql, params)
-        capacity = max(int(max_rows or 0), 1)
-        buf = np.empty((ncols, capacity), dtype=np.int64)
+        buf = np.empty((len(names), max(int(max_rows or 0), 1)), dtype=np.int64)
         filled = 0
+        for block in self._blocks(sql, params, len(names)):
+            n = block.shape[1]
+            if filled + n > buf.shape[1]:
+                grown = np.empty((len(names), max(2 * buf.shape[1], filled + n)), dtype=np.int64)
+                grown[:, :filled] = buf[:, :filled]
+                buf = grown
+            buf[:, filled:filled + n] = block
+            filled += n
+        return {name: buf[i, :filled] for i, name in enumerate(names)}
+
+    def arrays_into(self, sql: str, buf: np.ndarray, offset: int, params: Sequence = ()) -> int:
+        """Run `sql` and write its integer columns into rows of `buf` (columns x rows) from column `offset`;
+        returns the number of rows written. `buf` must have room (size it with `count`)."""
+        filled = offset
+        for block in self._blocks(sql, params, buf.shape[0]):
+            buf[:, filled:filled + block.shape[1]] = block
+            filled += block.shape[1]
+        return filled - offset
+
+    def _blocks(self, sql: str, params: Sequence, ncols: int):
+        """The query's rows as (ncols x chunk) int64 blocks, CHUNK_ROWS rows at a time."""
+        cursor = self._run(sql, params)
         try:
             while True:
                 chunk = cursor.fetchmany(CHUNK_ROWS)
                 if not chunk:
-                    break
+                    return
                 n = len(chunk)
-                block = np.fromiter(itertools.chain.from_iterable(chunk), dtype=np.int64, count=n * ncols)
-                if filled + n > capacity:
-                    capacity = max(2 * capacity, filled + n)
-                    grown = np.empty((ncols, capacity), dtype=np.int64)
-                    grown[:, :filled] = buf[:, :filled]
-                    buf = grown
-                buf[:, filled:filled + n] = block.reshape(n, ncols).T
-                filled += n
+                yield np.fromiter(itertools.chain.from_iterable(chunk), dtype=np.int64, count=n * ncols
+                                  ).reshape(n, ncols).T
         except sqlite3.DatabaseError as exc:
             raise _database_error(self.path, exc) from None
         except TypeError:
             raise ProfattrError(f"{self.path}: unexpected NULL in an integer column of a query; "
                                 "the export looks damaged (re-export it with `nsys export --type sqlite`)") from None
-        return {name: buf[i, :filled] for i, name in enumerate(names)}
 
     def count(self, table: str) -> int:
         return int(self.query(f"SELECT count(*) FROM {table}")[0][0]) if self.has(table) else 0
