@@ -256,51 +256,82 @@ def group_rows(*cols):
     return rows, group.astype(np.int64)
 
 
-def _union_busy(group: np.ndarray, start: np.ndarray, end: np.ndarray, n_groups: int) -> np.ndarray:
-    """Length of the union of intervals per group, vectorised: sort by (group, start), running max of ends."""
+def _spans_and_busy(group: np.ndarray, start: np.ndarray, end: np.ndarray, n_groups: int):
+    """Per group: first start, last end, and the length of the union of its intervals.
+
+    Vectorised: sort by (group, start), running maximum of the ends; working arrays are reused in place because
+    this runs over millions of ops.
+    """
     if len(start) == 0:
-        return np.zeros(n_groups, dtype=np.int64)
-    origin = start.min()
-    width = int(end.max() - origin) + 1
+        z = np.zeros(n_groups, dtype=np.int64)
+        return z, z.copy(), z.copy()
+    origin = int(start.min())
+    width = int(end.max()) - origin + 1
     order = np.lexsort((start, group))
-    g, s, e = group[order], start[order] - origin, end[order] - origin
-    offset = g * width  # groups never mix: every value of a later group is larger
-    cummax = np.maximum.accumulate(e + offset)
-    prev = np.empty_like(cummax)
-    prev[0] = -1
-    prev[1:] = cummax[:-1]
-    contrib = np.clip(e + offset - np.maximum(s + offset, prev), 0, None)
-    return np.bincount(g, weights=contrib, minlength=n_groups).round().astype(np.int64)
+    g = group[order]
+    bounds = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])
+    s = start[order]
+    span_start = s[bounds]
+    e = end[order]
+    span_end = np.maximum.reduceat(e, bounds)
+    del order
+    # shift each group above the previous one so a single running maximum never mixes groups
+    offset = (g * width) - origin
+    s += offset
+    e += offset
+    del offset
+    prev = np.maximum.accumulate(e)
+    prev[1:] = prev[:-1].copy()
+    prev[0] = s[0] - 1
+    np.maximum(s, prev, out=s)
+    del prev
+    e -= s
+    np.clip(e, 0, None, out=e)
+    busy = np.bincount(g, weights=e, minlength=n_groups).round().astype(np.int64)
+    return span_start, span_end, busy
+
+
+def _sum_count(key: np.ndarray, weights: np.ndarray, size: int):
+    """Per key in range(size): summed weights (ns, int64) and counts."""
+    return (np.bincount(key, weights=weights, minlength=size).round().astype(np.int64),
+            np.bincount(key, minlength=size).astype(np.int64))
 
 
 def summarize(export: Export, att: Attribution) -> Budget:
     ops, step = att.ops, att.step
     inside = step >= 0
-    dev, stp = ops.device[inside], step[inside]
+    dev = ops.device[inside]
     start, end = ops.start[inside], ops.end[inside]
     dur = end - start
-    is_kernel = ops.kind[inside] == KIND_KERNEL
     combo = att.combo[inside]
     # one group per (device, step)
-    pairs, group = group_rows(dev, stp)
+    pairs, group = group_rows(dev, step[inside])
     n_groups = len(pairs)
-    spans = pd.DataFrame({"g": group, "s": start, "e": end}).groupby("g", sort=True).agg(s=("s", "min"),
-                                                                                        e=("e", "max"))
-    span_start = spans["s"].to_numpy(dtype=np.int64)
-    span_end = spans["e"].to_numpy(dtype=np.int64)
-    busy = _union_busy(group, start, end, n_groups)
+    span_start, span_end, busy = _spans_and_busy(group, start, end, n_groups)
+    del start, end
+    op_ns, _ = _sum_count(group, dur, n_groups)
     per_step = pd.DataFrame({
         "device": pairs[:, 0] if n_groups else [], "step": pairs[:, 1] if n_groups else [],
         "start_ns": span_start, "end_ns": span_end, "span_ns": span_end - span_start, "busy_ns": busy,
-        "op_ns": np.bincount(group, weights=dur, minlength=n_groups).round().astype(np.int64),
-        "kernels": np.bincount(group, weights=is_kernel, minlength=n_groups).astype(np.int64),
+        "op_ns": op_ns,
+        "kernels": np.bincount(group, weights=ops.kind[inside] == KIND_KERNEL, minlength=n_groups).astype(np.int64),
     })
-    category_of_combo = att.combos["category"].to_numpy()
-    op_frame = pd.DataFrame({"device": dev, "step": stp, "combo": combo, "dur": dur})
-    per_step_category = (op_frame.assign(category=category_of_combo[combo])
-                         .groupby(["device", "step", "category"], sort=True)["dur"]
-                         .agg(ns="sum", count="size").reset_index())
-    per_combo = op_frame.groupby(["device", "combo"], sort=True)["dur"].agg(ns="sum", count="size").reset_index()
+    # per (device, step, category) and per (device, combo): integer keys and bincount, no frame of all ops
+    cat_codes, cat_names = pd.factorize(att.combos["category"].to_numpy())
+    n_cats = max(len(cat_names), 1)
+    ns, count = _sum_count(group * n_cats + cat_codes[combo], dur, n_groups * n_cats)
+    g_idx, c_idx = np.divmod(np.flatnonzero(count), n_cats)
+    per_step_category = pd.DataFrame({"device": pairs[g_idx, 0] if n_groups else [],
+                                      "step": pairs[g_idx, 1] if n_groups else [],
+                                      "category": np.asarray(cat_names, dtype=object)[c_idx],
+                                      "ns": ns[count > 0], "count": count[count > 0]})
+    devices_all, dev_idx = np.unique(dev, return_inverse=True)
+    n_combos = len(att.combos)
+    ns, count = _sum_count(dev_idx.reshape(-1) * n_combos + combo, dur, len(devices_all) * n_combos)
+    d_idx, k_idx = np.divmod(np.flatnonzero(count), n_combos)
+    per_combo = pd.DataFrame({"device": devices_all[d_idx], "combo": k_idx, "ns": ns[count > 0],
+                              "count": count[count > 0]})
+    del dur, combo, group
 
     # work outside every step, per device (reported so nothing silently disappears)
     outside = pd.DataFrame({"device": ops.device[~inside], "dur": ops.duration_ns[~inside]})
