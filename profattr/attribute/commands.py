@@ -99,12 +99,12 @@ def diff(a, b, steps, rules, fmt, changed, samples, mapping_a, mapping_b, by, la
     """
     import json
 
-    from profattr.attribute.diff import compute_diff, load_side
+    from profattr.attribute.diff import compute_diff, load_sides
     from profattr.report import diff_view
 
     by = "layer" if layer_range is not None else by
-    result = compute_diff(load_side(a, steps, rules, mapping_a, by, layer_range),
-                          load_side(b, steps, rules, mapping_b, by, layer_range), samples=samples, changed=changed)
+    side_a, side_b = load_sides(a, b, steps, rules, mapping_a, mapping_b, by, layer_range)
+    result = compute_diff(side_a, side_b, samples=samples, changed=changed)
     if fmt == "json":
         text = json.dumps(result, indent=2)
     elif fmt == "markdown":

@@ -18,6 +18,9 @@ total and for every component; a component whose interval contains 0 is marked n
 from __future__ import annotations
 
 import json
+import os
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -46,6 +49,23 @@ class Side:
 
 
 COMM_WAIT = "comm_wait"
+
+
+def load_sides(a, b, steps: str = "auto", rules: Sequence = (), mapping_a=None, mapping_b=None,
+               by: str = "category", layer_range: str | None = None) -> tuple:
+    """Both sides of a diff; two captures are read in two processes at once when the machine has the cores
+    (each budget is independent, so the diff costs about one budget's wall time)."""
+    args_a = (a, steps, tuple(rules), mapping_a, by, layer_range)
+    args_b = (b, steps, tuple(rules), mapping_b, by, layer_range)
+    both_captures = not str(a).endswith(".json") and not str(b).endswith(".json")
+    if both_captures and (os.cpu_count() or 1) >= 2:
+        try:
+            with ProcessPoolExecutor(max_workers=2) as pool:
+                fa, fb = pool.submit(load_side, *args_a), pool.submit(load_side, *args_b)
+                return fa.result(), fb.result()
+        except (OSError, BrokenProcessPool):
+            pass  # no worker processes here (sandboxes, limits): read them one after the other
+    return load_side(*args_a), load_side(*args_b)
 
 
 def load_side(path, steps: str = "auto", rules: Sequence = (), mapping=None, by: str = "category",
