@@ -55,6 +55,16 @@ def chosen_categories(device_budgets: Sequence[dict], limit: int = MAX_CATEGORIE
     return sorted(best, key=lambda c: -best[c])[:limit]
 
 
+
+def _label_bars(axes, x, labels) -> None:
+    """One x tick per capture (slanted when there are many), and a light horizontal grid behind the bars."""
+    slanted = len(labels) > 2
+    for ax in axes:
+        ax.set_xticks(x)
+        ax.set_xticklabels(labels, rotation=20 if slanted else 0, ha="right" if slanted else "center", fontsize=9)
+        ax.grid(axis="y", alpha=0.3)
+        ax.set_axisbelow(True)
+
 def write_category_chart(captures: Sequence[dict], path) -> Path:
     """Stacked bars per capture (and GPU): ms per step by category plus idle, and the same as shares of the step.
 
@@ -89,13 +99,7 @@ def write_category_chart(captures: Sequence[dict], path) -> Path:
         ax_pct.bar(x, pct, bottom=bottoms_pct, color=colors[name], width=0.6)
         bottoms_ms = [b + v for b, v in zip(bottoms_ms, values)]
         bottoms_pct = [b + v for b, v in zip(bottoms_pct, pct)]
-    labels = [b[0] for b in bars]
-    for ax in (ax_ms, ax_pct):
-        ax.set_xticks(x)
-        ax.set_xticklabels(labels, rotation=20 if len(bars) > 2 else 0, ha="right" if len(bars) > 2 else "center",
-                           fontsize=9)
-        ax.grid(axis="y", alpha=0.3)
-        ax.set_axisbelow(True)
+    _label_bars((ax_ms, ax_pct), x, [b[0] for b in bars])
     for i, total in enumerate(bottoms_ms):
         ax_ms.annotate(f"{total:.3g} ms", (i, total), ha="center", va="bottom", fontsize=8)
     ax_ms.set_ylabel("ms per step (kernel time by category + idle)")
@@ -146,13 +150,7 @@ def write_launch_chart(captures: Sequence[dict], path) -> Path:
     ax_ops.set_ylabel("GPU ops per step")
     ax_ops.set_title("How the work is launched", fontsize=11)
     ax_ops.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, below), ncol=2, frameon=False)
-    labels = [b[0] for b in bars]
-    for ax in (ax_step, ax_ops):
-        ax.set_xticks(x)
-        ax.set_xticklabels(labels, rotation=20 if len(bars) > 2 else 0, ha="right" if len(bars) > 2 else "center",
-                           fontsize=9)
-        ax.grid(axis="y", alpha=0.3)
-        ax.set_axisbelow(True)
+    _label_bars((ax_step, ax_ops), x, [b[0] for b in bars])
     fig.tight_layout()
     return _save(fig, plt, path)
 
