@@ -6,7 +6,8 @@
    correlationId, keeping every kernel linked to its launch and NVTX nesting valid) until it holds about
    `--kernels` kernel rows. Done in SQL (INSERT ... SELECT), so scaling itself is fast.
 2. In separate processes (clean peak-memory readings), time:
-   - baseline: a plain SQL scan fetching the columns the budget needs (kernels + runtime calls);
+   - baseline: a plain SQL scan fetching the columns the budget needs (kernels + runtime calls) into Python;
+   - the same scan aggregated inside SQLite (no rows cross into Python), the floor of any SQLite reader;
    - `profattr budget --format json`;
    - `profattr diff` of the file against itself;
    - optionally nsys's own `cuda_gpu_kern_sum` and `nvtx_gpu_proj_sum` reports (with --nsys).
@@ -35,6 +36,16 @@ for row in conn.execute('SELECT start, "end", deviceId, correlationId, globalPid
 for row in conn.execute('SELECT correlationId, globalTid, start, "end", nameId FROM CUPTI_ACTIVITY_KIND_RUNTIME'):
     n += 1
 print(n)
+"""
+
+# the same columns scanned inside SQLite only (no rows cross into Python): the floor of any SQLite-based reader
+SCAN_IN_SQLITE = r"""
+import sqlite3, sys
+conn = sqlite3.connect(f"file:{sys.argv[1]}?mode=ro", uri=True)
+print(conn.execute('SELECT count(*), total(start), total("end"), total(deviceId), total(correlationId), '
+                   'total(globalPid), total(shortName), total(demangledName) FROM CUPTI_ACTIVITY_KIND_KERNEL').fetchone())
+print(conn.execute('SELECT count(*), total(correlationId), total(globalTid), total(start), total("end"), '
+                   'total(nameId) FROM CUPTI_ACTIVITY_KIND_RUNTIME').fetchone())
 """
 
 REPEATED = {  # table -> columns shifted in time / in correlationId
@@ -116,6 +127,7 @@ def main() -> None:
     py = sys.executable
     tools = {
         "sql scan (baseline)": [py, "-c", SCAN, str(big)],
+        "sql scan inside SQLite": [py, "-c", SCAN_IN_SQLITE, str(big)],
         "profattr budget": [py, "-m", "profattr", "budget", str(big), "--format", "json"],
         "profattr diff (self)": [py, "-m", "profattr", "diff", str(big), str(big), "--format", "json"],
     }

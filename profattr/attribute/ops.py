@@ -6,6 +6,7 @@ launch (`cudaGraphLaunch`) whose nodes all share its correlationId.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import numpy as np
@@ -116,7 +117,7 @@ def load_ops(export: Export, include_memory: bool = True) -> Ops:
     device = (packed >> 56).astype(np.int16)
     stream = ((packed >> 32) & 0xFFFFFF).astype(np.int32)
     del packed, low
-    launch_tid, launch_ns = _join_launches(export, [t for t, *_ in sources], key)
+    launch_tid, launch_ns = _join_launches(export, key)
     return Ops(start=start, end=end, device=device, launch_key=key, name_id=_short_names(export, demangled_id),
                demangled_id=demangled_id, graph_node=graph_node, stream=stream, kind=kind,
                launch_tid=launch_tid, launch_ns=launch_ns)
@@ -135,7 +136,7 @@ def _short_names(export: Export, demangled_id: np.ndarray) -> np.ndarray:
     return out
 
 
-def _join_launches(export: Export, tables, op_key: np.ndarray):
+def _join_launches(export: Export, op_key: np.ndarray):
     """For each activity, the thread and start time of its launch call (-1 when absent), by a sorted-key join.
 
     key = (VM and process bits) << 32 | correlationId: correlationIds are 32-bit and unique within a process.
@@ -145,10 +146,27 @@ def _join_launches(export: Export, tables, op_key: np.ndarray):
     ns_out = np.full(n, -1, dtype=np.int64)
     if not export.has(RUNTIME) or n == 0:
         return tid_out, ns_out
-    union = " UNION ALL ".join(f"SELECT correlationId FROM {t}" for t in tables)
-    calls = export.arrays(load_query("launch_calls", gpu_correlations=union), ["key", "tid", "start"], max_rows=n)
+    # fast path: launch calls picked by API name (a handful of ids); then, exactly, by correlationId for whatever
+    # is left (ops whose launch call lies before the capture window, or an API name not foreseen)
+    name_ids = ",".join(str(int(r[0])) for r in export.query(load_query("launch_call_names")))
+    found = np.zeros(n, dtype=bool)
+    if name_ids:
+        calls = export.arrays(load_query("launch_calls_by_name", name_ids=name_ids), ["key", "tid", "start"],
+                              max_rows=n)
+        found = _match(calls, op_key, tid_out, ns_out)
+    missing = np.unique(op_key[~found] & LOW32)
+    if len(missing):
+        calls = export.arrays(load_query("launch_calls_for"), ["key", "tid", "start"],
+                              params=(json.dumps(missing.tolist()),))
+        _match(calls, op_key, tid_out, ns_out)
+    return tid_out, ns_out
+
+
+def _match(calls: dict, op_key: np.ndarray, tid_out: np.ndarray, ns_out: np.ndarray) -> np.ndarray:
+    """Fill (in place) the launch thread/start of ops whose key is among `calls`, by a sorted-key join; returns
+    which ops were found."""
     if len(calls["key"]) == 0:
-        return tid_out, ns_out
+        return np.zeros(len(op_key), dtype=bool)
     order = np.argsort(calls["key"], kind="stable")
     sorted_keys = calls["key"][order]
     pos = np.minimum(np.searchsorted(sorted_keys, op_key), len(sorted_keys) - 1)
@@ -156,4 +174,4 @@ def _join_launches(export: Export, tables, op_key: np.ndarray):
     hit = order[pos[found]]
     tid_out[found] = calls["tid"][hit]
     ns_out[found] = calls["start"][hit]
-    return tid_out, ns_out
+    return found
