@@ -300,12 +300,14 @@ def _sum_count(key: np.ndarray, weights: np.ndarray, size: int):
 def summarize(export: Export, att: Attribution) -> Budget:
     ops, step = att.ops, att.step
     inside = step >= 0
-    dev = ops.device[inside]
-    start, end = ops.start[inside], ops.end[inside]
+    # usually every op is inside a step: then work on views, not copies, of the op arrays
+    sel = slice(None) if inside.all() else inside
+    dev = ops.device[sel]
+    start, end = ops.start[sel], ops.end[sel]
     dur = end - start
-    combo = att.combo[inside]
+    combo = att.combo[sel]
     # one group per (device, step)
-    pairs, group = group_rows(dev, step[inside])
+    pairs, group = group_rows(dev, step[sel])
     n_groups = len(pairs)
     span_start, span_end, busy = _spans_and_busy(group, start, end, n_groups)
     del start, end
@@ -314,7 +316,7 @@ def summarize(export: Export, att: Attribution) -> Budget:
         "device": pairs[:, 0] if n_groups else [], "step": pairs[:, 1] if n_groups else [],
         "start_ns": span_start, "end_ns": span_end, "span_ns": span_end - span_start, "busy_ns": busy,
         "op_ns": op_ns,
-        "kernels": np.bincount(group, weights=ops.kind[inside] == KIND_KERNEL, minlength=n_groups).astype(np.int64),
+        "kernels": np.bincount(group, weights=ops.kind[sel] == KIND_KERNEL, minlength=n_groups).astype(np.int64),
     })
     # per (device, step, category) and per (device, combo): integer keys and bincount, no frame of all ops
     cat_codes, cat_names = pd.factorize(att.combos["category"].to_numpy())
