@@ -152,7 +152,7 @@ def _join_launches(export: Export, op_key: np.ndarray):
     found = np.zeros(n, dtype=bool)
     if name_ids:
         calls = export.arrays(load_query("launch_calls_by_name", name_ids=name_ids), ["key", "tid", "start"],
-                              max_rows=n)
+                              max_rows=n + n // 8 + 1024)  # about one launch per op, some launches of nothing
         found = _match(calls, op_key, tid_out, ns_out)
     missing = np.unique(op_key[~found] & LOW32)
     if len(missing):

@@ -95,7 +95,8 @@ def auto_steps(export: Export, ranges: Ranges, launch_tid: np.ndarray, launch_ns
         mean_len = total / by_name.size()
         rows_of = by_name.indices
         names.sort(key=lambda n: (not STEP_NAME_HINT.search(str(n)), -int(total[n])))
-        lt, ln = launch_tid[launched], launch_ns[launched]
+        sel = slice(None) if n_launched == len(launch_ns) else launched  # views, not copies, when possible
+        lt, ln = launch_tid[sel], launch_ns[sel]
         tid, start, end = (frame[c].to_numpy() for c in ("tid", "start", "end"))
         for name in names[:40]:
             if best is not None and best[2] == n_launched and mean_len[name] <= best[0][1]:

@@ -80,7 +80,8 @@ class Export:
         for block in self._blocks(sql, params, len(names)):
             n = block.shape[1]
             if filled + n > buf.shape[1]:
-                grown = np.empty((len(names), max(2 * buf.shape[1], filled + n)), dtype=np.int64)
+                # grow by a quarter: a doubling buffer of millions of rows would double the peak memory
+                grown = np.empty((len(names), max(buf.shape[1] + buf.shape[1] // 4, filled + n)), dtype=np.int64)
                 grown[:, :filled] = buf[:, :filled]
                 buf = grown
             buf[:, filled:filled + n] = block
