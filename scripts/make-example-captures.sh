@@ -4,7 +4,8 @@
 #   scripts/make-example-captures.sh workload OUTDIR           built-in workload: eager/graph, loop/grouped, TP2
 #                                      (ONLY="name name" re-makes only those captures)
 #   scripts/make-example-captures.sh sglang OUTDIR MODEL_DIR   SGLang with two MoE runner backends, one GPU each
-#                                      (BATCHES="1 4" for several decode batch sizes)
+#                                      (BATCHES="1 4" for several decode batch sizes; MODES="graph eager" adds
+#                                      eager captures with SGLang's layerwise NVTX, the --mapping for graph ones)
 #
 # Where only the nsys CLI is installed (no host importer), each capture leaves NAME.qdstrm; finish it on a machine
 # with a full Nsight Systems: `profattr capture --finish OUTDIR --name NAME`.
@@ -38,16 +39,22 @@ case "$what" in
             --sampling-backend pytorch --disable-piecewise-cuda-graph --mem-fraction-static 0.3 --cuda-graph-max-bs 4
             --disable-radix-cache)
     gpus=$(nvidia-smi -L | wc -l)
-    for batch in ${BATCHES:-1}; do
-      i=0
-      for backend in triton triton_kernel; do
-        dev=$(( i % gpus ))
-        CUDA_VISIBLE_DEVICES=$dev cap --model "$model" --backend "$backend" --port $((30000 + i)) --batch "$batch" \
-          --health-timeout 400 --max-new-tokens 64 --name "sglang-$backend-bs$batch" -- "${server[@]}" &
-        i=$((i + 1))
-        [ "$gpus" -ge 2 ] || wait
+    for mode in ${MODES:-graph}; do
+      # eager: SGLang's per-module NVTX ranges, no CUDA graphs: the mapping capture for the graph captures
+      extra=(); suffix=""
+      [ "$mode" = eager ] && { extra=(--disable-cuda-graph --enable-layerwise-nvtx-marker); suffix="-eager"; }
+      for batch in ${BATCHES:-1}; do
+        i=0
+        for backend in triton triton_kernel; do
+          dev=$(( i % gpus ))
+          CUDA_VISIBLE_DEVICES=$dev cap --model "$model" --backend "$backend" --port $((30000 + i)) --batch "$batch" \
+            --health-timeout 400 --max-new-tokens 64 --name "sglang-$backend-bs$batch$suffix" \
+            -- "${server[@]}" "${extra[@]}" &
+          i=$((i + 1))
+          [ "$gpus" -ge 2 ] || wait
+        done
+        wait
       done
-      wait
     done
     ;;
   *) echo "usage: $0 workload|sglang OUTDIR [MODEL_DIR]" >&2; exit 2;;
