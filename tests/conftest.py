@@ -20,7 +20,9 @@ IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 WORKLOAD_CAPTURES = ["wl-eager-loop", "wl-eager-grouped", "wl-graph-grouped-after", "wl-graph-grouped-before",
                      "wl-graph-loop-before", "wl-graph-grouped-tp2"]
 SGLANG_CAPTURES = ["sglang-triton-bs1", "sglang-triton_kernel-bs1", "sglang-triton-bs4", "sglang-triton_kernel-bs4"]
-ALL_CAPTURES = WORKLOAD_CAPTURES + SGLANG_CAPTURES
+# SGLang without CUDA graphs, with its layerwise NVTX markers: the --mapping captures of the graph ones
+SGLANG_EAGER_CAPTURES = ["sglang-triton-bs1-eager", "sglang-triton_kernel-bs1-eager"]
+ALL_CAPTURES = WORKLOAD_CAPTURES + SGLANG_CAPTURES + SGLANG_EAGER_CAPTURES
 
 
 def find_test_nsys():

@@ -8,8 +8,11 @@ The layer label is the pattern's group `layer` when it has one, else its first g
 
 The point at which an op's layer is read is the same point at which the taxonomy's NVTX-context rules are read
 (graphs.py): the launch call for eager ops, the node creation at capture time for replayed graph nodes, and the
-matched eager op's launch for ops placed through a mapping capture. An op belongs to the innermost layer range open
-at that point on that thread; ops in no layer range form the "outside layers" row (`layer: null`).
+matched eager op's launch for ops placed through a mapping capture. An op belongs to the outermost layer range open
+at that point on that thread: the layer module's own range, not a sub-module's. Sub-module ranges can name another
+layer: SGLang names a module shared by all layers (one rotary embedding) by the first path it was found under
+(`layers.0.self_attn.rotary_emb`), and it runs inside every layer. Ops in no layer range form the "outside layers"
+row (`layer: null`).
 """
 from __future__ import annotations
 
@@ -56,8 +59,9 @@ def layer_label(text: str, regex: "re.Pattern[str]"):
 
 
 def deepest(range_tid: np.ndarray, range_start: np.ndarray, range_end: np.ndarray,
-            tid: np.ndarray, t_ns: np.ndarray) -> np.ndarray:
-    """Index of the innermost range that contains each point (same thread, inclusive ends), -1 when none.
+            tid: np.ndarray, t_ns: np.ndarray, outermost: bool = False) -> np.ndarray:
+    """Index of the innermost range that contains each point (same thread, inclusive ends), -1 when none; with
+    `outermost`, the outermost one instead (walk the parent links to the top).
 
     NVTX push/pop ranges nest properly on a thread. The last range starting at or before a point either contains it
     or has already ended; in the second case the answer is among its enclosing ranges, so walk up parent links
@@ -89,6 +93,12 @@ def deepest(range_tid: np.ndarray, range_start: np.ndarray, range_end: np.ndarra
             if not bad.any():
                 break
             pos[bad] = parent[pos[bad]]
+        while outermost:
+            up = np.zeros(len(pos), dtype=bool)
+            up[pos >= 0] = parent[pos[pos >= 0]] >= 0
+            if not up.any():
+                break
+            pos[up] = parent[pos[up]]
         res = np.full(len(q), -1, dtype=np.int64)
         res[pos >= 0] = idx[pos[pos >= 0]]
         out[q] = res
@@ -111,7 +121,8 @@ def _own_layers(att, regex) -> np.ndarray:
         return labels
     keep = np.asarray(keep)
     sel = frame.iloc[keep]
-    hit = deepest(sel["tid"].to_numpy(), sel["start"].to_numpy(), sel["end"].to_numpy(), att.ctx_tid, att.ctx_ns)
+    hit = deepest(sel["tid"].to_numpy(), sel["start"].to_numpy(), sel["end"].to_numpy(), att.ctx_tid, att.ctx_ns,
+                  outermost=True)
     range_labels = np.array(range_labels + [None], dtype=object)  # index -1 -> None
     return range_labels[hit]
 
