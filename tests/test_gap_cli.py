@@ -123,7 +123,7 @@ def test_served_capture_takes_tp_and_context_from_its_run_json(capture, tmp_path
 
 
 def test_run_json_is_found_beside_a_dotted_capture_name():
-    from profattr.limits.workload import run_json_path
+    from profattr.trace.reader import run_json_path
 
     assert run_json_path(Path("d/h200.eager.sqlite")) == Path("d/h200.eager.run.json")
     assert run_json_path(Path("d/x.nsys-rep")) == Path("d/x.run.json")

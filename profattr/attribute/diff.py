@@ -30,6 +30,7 @@ import pandas as pd
 
 from profattr.attribute.budget import NS_PER_MS, Budget, compute_budget
 from profattr.errors import ProfattrError
+from profattr.trace.reader import run_json_path
 
 SCHEMA = "profattr.diff/1"
 BOOTSTRAP_SAMPLES = 2000
@@ -93,8 +94,7 @@ def load_side(path, steps: str = "auto", rules: Sequence = (), mapping=None, by:
 
 
 def _run_json(p: Path) -> dict | None:
-    stem = p.name.split(".")[0]
-    cand = p.with_name(stem + ".run.json")
+    cand = run_json_path(p)
     if cand.exists():
         try:
             return json.loads(cand.read_text())

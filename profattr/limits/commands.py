@@ -58,7 +58,8 @@ def limit(model, quant, hardware, tp, context_len, allreduce, launch, kernels, d
 def _gap_model(capture: Path, model: Optional[str], quant, tp, context_len, run_json, n_devices, hw):
     """ModelSpec for a capture: --model if given, else the built-in workload's run.json."""
     from profattr.limits.model import load_model
-    from profattr.limits.workload import load_run_json, run_json_path, served_defaults, spec_from_workload
+    from profattr.limits.workload import load_run_json, served_defaults, spec_from_workload
+    from profattr.trace.reader import run_json_path
 
     path = Path(run_json) if run_json else run_json_path(capture)
     run = load_run_json(path) if path.exists() else None

@@ -24,17 +24,6 @@ _ACTIVE_SUFFIX, _TOTAL_SUFFIX = "_active_per_token", "_total"
 DEFAULT_ENGINE = "moe_decode"
 
 
-def run_json_path(capture: Path) -> Path:
-    """NAME.run.json beside NAME.sqlite / NAME.nsys-rep."""
-    capture = Path(capture)
-    name = capture.name
-    for suffix in (".sqlite", ".nsys-rep", ".qdstrm"):
-        if name.endswith(suffix):
-            name = name[: -len(suffix)]
-            break
-    return capture.with_name(name + ".run.json")
-
-
 def served_defaults(run: Dict[str, Any]) -> Dict[str, Any]:
     """tp and context length a served-model capture recorded (SGLang target), for `--model` runs.
 

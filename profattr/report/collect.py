@@ -80,7 +80,7 @@ def capture_name(path: Path, run: Optional[dict]) -> str:
 
 def read_run(path: Path):
     """(run dict or None, run.json path shown, note)."""
-    from profattr.limits.workload import run_json_path
+    from profattr.trace.reader import run_json_path
 
     run_path = run_json_path(path)
     if not run_path.exists():

@@ -210,3 +210,14 @@ def resolve_capture(path, force: bool = False, nsys: str | None = None) -> Path:
 
     nsys_tool.export_sqlite(path, out, nsys=nsys, force=True)
     return out
+
+
+def run_json_path(capture) -> Path:
+    """NAME.run.json beside NAME.sqlite / NAME.nsys-rep / NAME.qdstrm (written by `profattr capture`)."""
+    capture = Path(capture)
+    name = capture.name
+    for suffix in (".sqlite", ".nsys-rep", ".qdstrm"):
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+            break
+    return capture.with_name(name + ".run.json")
