@@ -114,9 +114,6 @@ class Budget:
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent)
 
-    def device(self, device: int) -> dict:
-        return next(d for d in self.devices if d["device"] == device)
-
 
 def compute_budget(path, steps: str = "auto", rules: Sequence = (), force: bool = False,
                    keep_attribution: bool = False, mapping=None, by: str = "category",
@@ -206,12 +203,6 @@ def context_mask(ranges: Ranges, patterns: Sequence[str], ctx_tid, ctx_ns) -> np
             hit = enclosed(sel["tid"].to_numpy(), sel["start"].to_numpy(), sel["end"].to_numpy(), ctx_tid, ctx_ns)
             mask |= hit.astype(np.int64) << bit
     return mask
-
-
-def classify_ops(export: Export, ops: Ops, ranges: Ranges, ruleset, ctx_tid, ctx_ns):
-    """Category per op. Names are classified once per distinct (name, NVTX context) pair, never per row."""
-    patterns = list(ruleset.context_patterns)
-    return classify_masks(export, ops, context_mask(ranges, patterns, ctx_tid, ctx_ns), patterns, ruleset)
 
 
 def classify_masks(export: Export, ops: Ops, mask: np.ndarray, patterns: Sequence[str], ruleset):

@@ -47,17 +47,10 @@ def node_creation(export: Export):
     return None
 
 
-def context_points(export: Export, ops: Ops):
-    """(thread, time) per op at which its NVTX context is read, and a one-line description of the method.
-
-    Non-graph ops: their launch call. Graph ops whose capture-time node creation was recorded: that creation.
-    """
-    tid, t_ns, found, method = _creation_points(export, ops)
-    return tid, t_ns, method
-
-
 def _creation_points(export: Export, ops: Ops):
-    """context_points plus a boolean per op: is it a graph op whose node creation was found?"""
+    """(thread, time) per op at which its NVTX context is read, a boolean per op (a graph op whose node creation was
+    found), and a one-line description of the method. Non-graph ops: their launch call; graph ops whose node
+    creation was recorded: that creation (the capturing launch's thread and time)."""
     tid, t_ns = ops.launch_tid, ops.launch_ns  # shared, not copied, while nothing changes (millions of ops)
     found = np.zeros(len(ops), dtype=bool)
     graph_ops = np.flatnonzero(ops.graph_node >= 0)
