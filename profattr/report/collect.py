@@ -182,16 +182,19 @@ def _rule_for(ruleset, kernel: dict):
 
 def collect_report(paths: Sequence, labels: Optional[Sequence[str]] = None, steps: str = "auto",
                    rules: Sequence = (), hardware: Optional[str] = None, samples: int = BOOTSTRAP_SAMPLES,
-                   changed: Optional[str] = None, force_export: bool = False) -> ReportData:
+                   changed: Optional[str] = None, force_export: bool = False,
+                   mappings: Optional[dict] = None) -> ReportData:
     """Budgets, launch stats, lint findings and gaps of every capture; diffs of each against the first; the ranked
-    bottlenecks; the taxonomy evidence. Captures are .sqlite exports or .nsys-rep reports."""
+    bottlenecks; the taxonomy evidence. Captures are .sqlite exports or .nsys-rep reports; `mappings` gives a
+    capture (as passed) an eager twin that lends NVTX context to its replayed graph kernels."""
     if labels is not None and len(labels) != len(paths):
         raise ProfattrError(f"--labels gives {len(labels)} label(s) for {len(paths)} capture(s); give one per capture")
     captures = []
-    for path in paths:
-        path = Path(path)
+    for given in paths:
+        path = Path(given)
         run, run_path, run_note = read_run(path)
-        budget = compute_budget(path, steps=steps, rules=rules, force=force_export, keep_attribution=True)
+        budget = compute_budget(path, steps=steps, rules=rules, force=force_export, keep_attribution=True,
+                                mapping=(mappings or {}).get(given))
         launches = launch_stats(budget)
         budget.attribution = None  # the arrays are no longer needed; the diff needs only the per-step tables
         data = budget.to_dict()

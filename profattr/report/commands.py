@@ -62,8 +62,10 @@ def write_report(data, out_dir: Path, force: bool = False) -> list:
     return targets
 
 
-def _command_line(captures, output, steps, rules, hardware, labels, samples, changed) -> str:
+def _command_line(captures, output, steps, rules, hardware, labels, samples, changed, mappings=()) -> str:
     args = ["profattr", "report", *map(str, captures), "-o", str(output)]
+    for m in mappings:
+        args += ["--mapping", m]
     if steps != "auto":
         args += ["--steps", steps]
     for r in rules:
@@ -77,6 +79,19 @@ def _command_line(captures, output, steps, rules, hardware, labels, samples, cha
     if samples is not None:
         args += ["--samples", str(samples)]
     return " ".join(shlex.quote(a) for a in args)
+
+
+def _mapping_pairs(mappings, captures) -> dict:
+    """{capture as given: eager capture} from CAPTURE=EAGER values; CAPTURE may be given by its file name."""
+    out = {}
+    for m in mappings:
+        target, sep, eager = m.partition("=")
+        match = [c for c in captures if target in (c, Path(c).name)] if sep and eager else []
+        if len(match) != 1:
+            raise ProfattrError(f"--mapping {m!r}: expected CAPTURE=EAGER_CAPTURE with CAPTURE one of the report's "
+                                f"captures ({', '.join(Path(c).name for c in captures)})")
+        out[match[0]] = eager
+    return out
 
 
 @click.command()
@@ -93,8 +108,11 @@ def _command_line(captures, output, steps, rules, hardware, labels, samples, cha
                                               "diff's same-kernel warning. Default: as `profattr diff` decides.")
 @click.option("--samples", default=None, type=click.IntRange(min=1),
               help="Bootstrap samples for the diffs' 95% intervals.  [default: 2000]")
+@click.option("--mapping", "mappings", multiple=True, metavar="CAPTURE=EAGER",
+              help="Lend NVTX context (layers, context rules) to CAPTURE's replayed graph kernels from EAGER, an eager "
+                   "capture of the same workload (as `profattr budget --mapping`). Repeatable.")
 @click.option("--force", is_flag=True, help="Overwrite an existing report (report.md and charts) in the folder.")
-def report(captures, output, steps, rules, hardware, labels, changed, samples, force):
+def report(captures, output, steps, rules, hardware, labels, changed, samples, mappings, force):
     """Write the bottleneck report of CAPTURES to OUTPUT/report.md, with PNG charts.
 
     CAPTURES are Nsight Systems SQLite exports or .nsys-rep reports; the first is the baseline every other
@@ -112,7 +130,8 @@ def report(captures, output, steps, rules, hardware, labels, changed, samples, f
     if label_list is not None and not all(label_list):
         raise ProfattrError(f"--labels {labels!r}: a label is empty; give one non-empty name per capture")
     data = collect_report(list(captures), labels=label_list, steps=steps, rules=rules, hardware=hardware,
-                          samples=BOOTSTRAP_SAMPLES if samples is None else samples, changed=changed)
-    data.command = _command_line(captures, output, steps, rules, hardware, labels, samples, changed)
+                          samples=BOOTSTRAP_SAMPLES if samples is None else samples, changed=changed,
+                          mappings=_mapping_pairs(mappings, captures))
+    data.command = _command_line(captures, output, steps, rules, hardware, labels, samples, changed, mappings)
     written = write_report(data, output, force=force)
     click.echo(f"wrote {written[0]} and {len(written) - 1} chart(s)")
