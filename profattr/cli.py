@@ -18,6 +18,7 @@ COMMANDS = {
     "capture": "profattr.capture.commands:capture",
     "check": "profattr.capture.commands:check",
     "doctor": "profattr.capture.commands:doctor",
+    "drill": "profattr.capture.commands:drill",
     "limit": "profattr.limits.commands:limit",
     "gap": "profattr.limits.commands:gap",
     "report": "profattr.report.commands:report",

@@ -88,7 +88,7 @@ LABEL_CTES = """
 GRAPH_ORIGIN = """
 {p}ev AS MATERIALIZED (
   SELECT graphNodeId AS node, originalGraphNodeId AS orig, globalTid AS tid, start AS t
-  FROM {s}CUDA_GRAPH_EVENTS WHERE graphNodeId IS NOT NULL
+  FROM {s}{graph_table} WHERE graphNodeId IS NOT NULL
 ),
 {p}links AS MATERIALIZED (SELECT DISTINCT node, orig FROM {p}ev WHERE orig IS NOT NULL),
 {p}created AS MATERIALIZED (SELECT node, tid, t FROM {p}ev WHERE orig IS NULL),
@@ -109,7 +109,9 @@ def _connect(path):
 
 def _ctes(conn, schema: str = "", prefix: str = "") -> str:
     tables = {r[0] for r in conn.execute(f"SELECT name FROM {schema}sqlite_master WHERE type='table'")}
-    origin = GRAPH_ORIGIN if "CUDA_GRAPH_EVENTS" in tables else NO_GRAPH_ORIGIN
+    # the node-creation table was renamed in nsys 2024.x exports (CUDA_GRAPH_EVENTS -> CUDA_GRAPH_NODE_EVENTS)
+    graph_table = next((t for t in ("CUDA_GRAPH_NODE_EVENTS", "CUDA_GRAPH_EVENTS") if t in tables), None)
+    origin = GRAPH_ORIGIN.replace("{graph_table}", graph_table) if graph_table else NO_GRAPH_ORIGIN
     return LABEL_CTES.replace("{origin}", origin).format(s=schema, p=prefix)
 
 

@@ -30,8 +30,20 @@ def _echo(message: str) -> None:
 @click.option("--nsys", "nsys_path", metavar="PATH", help="nsys to use (else $PROFATTR_NSYS, PATH, /usr/local/cuda*/bin, "
               "/opt/nvidia/nsight-systems/*/bin, then the scripts/install-nsys cache)")
 @click.option("--trace", help="nsys --trace value (default cuda,nvtx; a CPU-only command: nvtx,osrt)")
-@click.option("--capture-range", type=click.Choice(["cudaProfilerApi", "none"]), default=None,
-              help="cudaProfilerApi (default): record only between cudaProfilerStart and Stop; none: the whole run")
+@click.option("--capture-range", type=click.Choice(["cudaProfilerApi", "session", "nvtx", "none"]), default=None,
+              help="cudaProfilerApi (default): record between cudaProfilerStart and Stop (SGLang: /start_profile, "
+                   "base GPU only); session: profattr opens each window with nsys start/stop, every process "
+                   "recorded (SGLang); nvtx: the NVTX range --nvtx-capture is the window; none: the whole run")
+@click.option("--nvtx-capture", metavar="RANGE", help="with --capture-range nvtx: the NVTX range (RANGE or "
+              "RANGE@DOMAIN) that opens a window")
+@click.option("--profiler", type=click.Choice(["nsys", "torch"]), default="nsys", show_default=True,
+              help="SGLang target: nsys, or SGLang's torch profiler (/start_profile CPU,GPU; writes "
+                   "NAME-TP-<rank>.trace.json.gz, no nsys needed)")
+@click.option("--torch-with-stack", is_flag=True, help="--profiler torch: record Python stacks (SGLang's own "
+              "default; costs CPU time in every step)")
+@click.option("--repeat", type=int, default=1, show_default=True,
+              help="replicate windows per batch size (SGLang: windows of one server, named NAME-rI; workload or "
+                   "command: separate runs)")
 @click.option("--cuda-graph-trace", type=click.Choice(["node", "graph"]), default="node", show_default=True,
               help="node: one row per replayed kernel (graph: replayed kernels are not recorded)")
 @click.option("--model", metavar="PATH", help="SGLang target: model folder (or Hugging Face id) to serve")
@@ -47,7 +59,9 @@ def _echo(message: str) -> None:
 @click.option("--input-len", type=int, default=64, show_default=True, help="prompt length in token ids")
 @click.option("--max-new-tokens", type=int, default=64, show_default=True,
               help="tokens decoded per request (at least --steps + 4)")
-@click.option("--batch", type=int, default=1, show_default=True, help="concurrent requests (decode batch size)")
+@click.option("--batch", "batch_spec", default="1", show_default=True, metavar="B[,B...]",
+              help="concurrent requests (decode batch size); SGLang: a list (1,4,8) profiles one window per size "
+                   "from one server, named NAME-bsB")
 @click.option("--warmup", type=int, default=3, show_default=True, help="warm-up rounds before timing")
 @click.option("--trials", type=int, default=5, show_default=True, help="unprofiled timing rounds")
 @click.option("--steps", type=int, default=20, show_default=True, help="forward steps inside the profiled window")
@@ -63,9 +77,10 @@ def _echo(message: str) -> None:
               help="finish a capture (NAME.qdstrm where nsys had no importer, or NAME.nsys-rep): import, export, "
                    "measure the profiled ms/token in the capture, check")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def capture(out_dir, name, force, dry_run, nsys_path, trace, capture_range, cuda_graph_trace, model, backend, tp,
-            host, port, launcher, health_timeout_s, input_len, max_new_tokens, batch, warmup, trials, steps,
-            workload, mode, moe_impl, graph_window, timeout_s, finish_dir, args):
+def capture(out_dir, name, force, dry_run, nsys_path, trace, capture_range, nvtx_capture, profiler, torch_with_stack,
+            repeat, cuda_graph_trace, model, backend, tp, host, port, launcher, health_timeout_s, input_len,
+            max_new_tokens, batch_spec, warmup, trials, steps, workload, mode, moe_impl, graph_window, timeout_s,
+            finish_dir, args):
     """Record decode under Nsight Systems and export it: an SGLang server (--model), the built-in workload
     (--workload moe-decode), or any command after `--`.
 
@@ -81,19 +96,38 @@ def capture(out_dir, name, force, dry_run, nsys_path, trace, capture_range, cuda
         run, code = capture_run.finish(finish_dir, name, nsys_path, force, _echo)
         _print_check(run)
         sys.exit(code)
+    batches = _batches(batch_spec)
     opts = capture_plan.Options(
         out_dir=out_dir, name=name, force=force, dry_run=dry_run, nsys=nsys_path, trace=trace,
         capture_range=capture_range, cuda_graph_trace=cuda_graph_trace, args=tuple(args), model=model,
         backend=backend, tp=tp, host=host, port=port, launcher=launcher, health_timeout_s=health_timeout_s,
-        input_len=input_len, max_new_tokens=max_new_tokens, batch=batch, warmup=warmup, trials=trials, steps=steps,
-        workload=workload, mode=mode, moe_impl=moe_impl, graph_window=graph_window, timeout_s=timeout_s)
-    plan = capture_plan.plan(opts)
+        input_len=input_len, max_new_tokens=max_new_tokens, batch=batches[0], warmup=warmup, trials=trials,
+        steps=steps, workload=workload, mode=mode, moe_impl=moe_impl, graph_window=graph_window, timeout_s=timeout_s,
+        batches=batches if len(batches) > 1 else (), repeat=repeat, nvtx_capture=nvtx_capture, profiler=profiler,
+        torch_with_stack=torch_with_stack)
+    plans = capture_plan.plan_all(opts)
     if dry_run:
-        click.echo(capture_plan.describe(plan))
+        click.echo("\n".join(capture_plan.describe(p) for p in plans))
         return
-    run, code = capture_run.execute(plan, _echo)
-    _print_check(run)
+    code = 0
+    for plan in plans:
+        run, plan_code = capture_run.execute(plan, _echo)
+        _print_check(run)
+        code = max(code, plan_code)
     sys.exit(code)
+
+
+def _batches(spec: str) -> tuple:
+    from profattr.errors import ProfattrError
+
+    try:
+        values = tuple(int(x) for x in str(spec).split(",") if x.strip())
+    except ValueError:
+        raise ProfattrError(f"--batch {spec!r}: expected a batch size or a comma-separated list such as 1,4,8") \
+            from None
+    if not values:
+        raise ProfattrError("--batch is empty; give a batch size such as 1 or a list such as 1,4,8")
+    return values
 
 
 def _print_check(run: dict) -> None:
@@ -136,3 +170,90 @@ def doctor(nsys_path, skip_capture, fmt):
     else:
         click.echo(lint.render_table(findings))
     sys.exit(1 if lint.overall(findings) == lint.FAIL else 0)
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("capture_path", metavar="CAPTURE", type=click.Path(path_type=Path))
+@click.option("--top", type=click.IntRange(1, 20), default=4, show_default=True,
+              help="kernel families of the decode step to profile, largest first")
+@click.option("--kernels", metavar="REGEX", help="profile the kernels whose function name matches REGEX instead")
+@click.option("--steps", "drill_steps", type=click.IntRange(1, 50), default=2, show_default=True,
+              help="decode steps whose launches of the chosen kernels ncu profiles")
+@click.option("--launch-count", "launch_count_opt", type=click.IntRange(1, 100000), help="launches to profile (default: the chosen "
+              "kernels' launches per step in the capture, times --steps)")
+@click.option("--kernel-base", type=click.Choice(["function", "demangled"]), default="function", show_default=True,
+              help="what --kernels matches: the function name, or the whole demangled name (templates and all)")
+@click.option("--eager", is_flag=True, help="run the server without CUDA graphs (--disable-cuda-graph) for the drill")
+@click.option("--ncu", "ncu_path", metavar="PATH", help="ncu to use (else $PROFATTR_NCU, PATH, "
+              "/opt/nvidia/nsight-compute/*/ncu, /usr/local/cuda*/bin/ncu)")
+@click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False, path_type=Path),
+              help="folder for NAME.ncu-rep and NAME.ncu.csv (default: the capture's folder)")
+@click.option("--name", help="drill name (default: CAPTURE's name + -drill)")
+@click.option("--port", type=click.IntRange(1, 65535), help="server port (default: the capture's)")
+@click.option("--health-timeout", "health_timeout_s", type=float, default=900, show_default=True,
+              help="seconds to wait for the server under ncu (every launch is intercepted: start-up is slow)")
+@click.option("--force", is_flag=True, help="replace an earlier drill of the same name")
+@click.option("--dry-run", is_flag=True, help="print the kernels chosen and the commands; run nothing")
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def drill(capture_path, top, kernels, drill_steps, launch_count_opt, kernel_base, eager, ncu_path, out_dir, name,
+          port, health_timeout_s, force, dry_run, args):
+    """Nsight Compute on the top kernels of a decode step: why they are slow, not only that they are.
+
+    \b
+    CAPTURE is an SGLang capture made by `profattr capture` (its run.json says how to start the same server and
+    requests; server arguments after `--` replace the recorded ones). From its budget, the top kernel families are
+    chosen; the same server runs under ncu, and once the window's requests have their first token, ncu profiles
+    those kernels for --steps decode steps (SpeedOfLight, MemoryWorkloadAnalysis, LaunchStats, Occupancy).
+    Writes NAME.ncu-rep and NAME.ncu.csv (`ncu --import --csv --page raw`, made where ncu runs).
+    """
+    from profattr.attribute.budget import compute_budget
+    from profattr.attribute.selection import launch_count, top_families
+    from profattr.capture import ncu as ncu_tool
+    from profattr.errors import ProfattrError
+
+    cap = lint.locate(capture_path)
+    if cap.run is None or cap.run.get("target") != "sglang":
+        raise ProfattrError(f"{capture_path}: a drill re-runs an SGLang capture made by `profattr capture` "
+                            "(its NAME.run.json says how); this capture has no SGLang run.json")
+    if cap.sqlite is None and not (kernels and launch_count_opt):
+        raise ProfattrError(f"{capture_path}: no export to choose kernels from; finish the capture first, or give "
+                            "--kernels REGEX and --launch-count N")
+    run = cap.run
+    families = top_families(compute_budget(cap.sqlite).to_dict(), top) if cap.sqlite is not None else []
+    if kernels:
+        regex = kernels
+        count = launch_count_opt or launch_count(families, drill_steps)
+    else:
+        regex = ncu_tool.kernel_regex([n for f in families for n in f.names])
+        count = launch_count_opt or launch_count(families, drill_steps)
+    server_args = list(args) if args else list((run.get("server") or {}).get("args") or [])
+    if eager and "--disable-cuda-graph" not in server_args:
+        server_args.append("--disable-cuda-graph")
+    req = run.get("requests") or {}
+    base = cap.run_path.name[: -len(".run.json")]
+    opts = capture_plan.Options(
+        out_dir=out_dir or cap.run_path.parent, name=name or f"{base}-drill", force=force, dry_run=dry_run,
+        args=tuple(server_args), model=run["model"], backend=(run.get("backend") or {}).get("requested"),
+        tp=run.get("tp") or 1, port=port or (run.get("server") or {}).get("port", 30000),
+        launcher=" ".join((run.get("server") or {}).get("launcher") or []) or None,
+        health_timeout_s=health_timeout_s, input_len=req.get("input_len", 64),
+        max_new_tokens=req.get("max_new_tokens", 64), batch=req.get("batch", 1), warmup=1, trials=1,
+        steps=drill_steps, profiler="ncu", ncu=ncu_path, ncu_kernels=regex, ncu_launch_count=count,
+        ncu_kernel_base=kernel_base)
+    for f in families:
+        _echo(f"chosen: {f.category} {f.family} {f.ms_per_step:.3f} ms/step ({f.share_of_step:.0%}): "
+              f"{', '.join(f.names)}")
+    plan = capture_plan.plan(opts)
+    if dry_run:
+        click.echo(capture_plan.describe(plan))
+        return
+    result, code = capture_run.execute(plan, _echo)
+    result["drill"] = {"of": cap.run_path.name, "families": [f.__dict__ for f in families], "kernel_regex": regex,
+                       "kernel_base": kernel_base,
+                       "launch_count": count, "steps": drill_steps,
+                       "graphs": "eager (--disable-cuda-graph)" if "--disable-cuda-graph" in server_args
+                       else "CUDA graphs, kernels profiled as graph nodes (--graph-profiling node)"}
+    from profattr.capture.outputs import write_run
+
+    write_run(plan.window_path(plan.windows[0], "run"), result)
+    sys.exit(code)

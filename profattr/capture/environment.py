@@ -18,6 +18,8 @@ PACKAGES = {
     "profattr": ("profattr",),
 }
 GPU_FIELDS = ("index", "name", "driver_version", "memory.total", "pci.bus_id", "uuid")
+# clocks (MHz) and limits when the capture started: a confound when two captures are compared
+CLOCK_FIELDS = ("clocks.sm", "clocks.mem", "clocks.max.sm", "clocks.max.mem", "power.limit", "persistence_mode")
 
 
 def package_versions() -> dict:
@@ -61,7 +63,28 @@ def nvidia_smi_gpus(timeout_s: float = 20) -> tuple:
         gpus.append({"index": int(row["index"]), "name": row["name"], "driver_version": row["driver_version"],
                      "memory_total_mib": _int(row["memory.total"]), "pci_bus_id": row["pci.bus_id"],
                      "uuid": row["uuid"]})
+    _add_clocks(exe, gpus, timeout_s)
     return gpus, None if gpus else "nvidia-smi listed no GPU"
+
+
+def _add_clocks(exe: str, gpus: list, timeout_s: float) -> None:
+    """Each GPU's current and maximum clocks, power limit and persistence mode (missing values are left out)."""
+    cmd = [exe, f"--query-gpu=index,{','.join(CLOCK_FIELDS)}", "--format=csv,noheader,nounits"]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    except (OSError, subprocess.SubprocessError):
+        return
+    by_index = {g["index"]: g for g in gpus}
+    for line in out.stdout.strip().splitlines() if out.returncode == 0 else []:
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) != len(CLOCK_FIELDS) + 1 or _int(parts[0]) not in by_index:
+            continue
+        gpu = by_index[_int(parts[0])]
+        for name, value in zip(CLOCK_FIELDS, parts[1:]):
+            key = name.replace(".", "_") + ("_mhz" if name.startswith("clocks") else "_w" if name == "power.limit"
+                                            else "")
+            number = _int(value)
+            gpu[key] = number if number is not None else (value if value and "N/A" not in value else None)
 
 
 def _int(text: str):

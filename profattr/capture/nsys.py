@@ -20,9 +20,10 @@ from typing import Sequence
 
 from profattr.errors import ProfattrError
 
-# Oldest release accepted; profattr is developed and tested against 2023.4.4 (export schema 3.7.2).
+# Oldest release accepted. profattr records with 2024.2.3 (export schema 3.11.1); it reads exports of 2023.4.4
+# (schema 3.7.2) too. 2023.4.4 silently recorded about 1% of a CUDA-13-era GLM-5-shaped decode (check flags it).
 MIN_VERSION = (2022, 4)
-TESTED_VERSION = "2023.4.4"
+TESTED_VERSION = "2024.2.3"
 HOW_TO_GET = ("get one with `scripts/install-nsys` (Debian's Nsight Systems, unpacked into "
               "${PROFATTR_CACHE:-~/.cache/profattr}), or install Nsight Systems from NVIDIA and pass --nsys PATH "
               "or set PROFATTR_NSYS")
@@ -170,18 +171,59 @@ def find_importer(nsys_path: str | None) -> str | None:
 
 def profile_command(nsys: str, output_base, command: Sequence[str], *, trace: str = GPU_TRACE,
                     capture_range: str = "cudaProfilerApi", cuda_graph_trace: str = "node",
-                    fork_before_exec: bool = True, extra: Sequence[str] = ()) -> list:
+                    fork_before_exec: bool = True, extra: Sequence[str] = (), repeat: int = 1,
+                    nvtx_capture: str | None = None) -> list:
     """`nsys profile ... -o OUTPUT_BASE COMMAND...` as an argument list. OUTPUT_BASE has no suffix: nsys adds
-    `.nsys-rep` (or `.qdstrm` where no importer is installed)."""
-    args = [nsys, "profile", f"--trace={trace}"]
+    `.nsys-rep` (or `.qdstrm` where no importer is installed). `repeat` > 1 records that many capture ranges, one
+    report each, which nsys names OUTPUT_BASE.1, OUTPUT_BASE.2, ..."""
+    args = [nsys, "profile", *_trace_flags(trace, cuda_graph_trace, fork_before_exec)]
+    if capture_range and capture_range != "none":
+        args.append(f"--capture-range={capture_range}")
+        if capture_range == "nvtx" and nvtx_capture:
+            args.append(f"--nvtx-capture={nvtx_capture}")
+        args.append("--capture-range-end=stop" if repeat <= 1 else f"--capture-range-end=repeat:{repeat}")
+    args += ["--sample=none", "--cpuctxsw=none", *extra, "-o", str(output_base)]
+    return args + list(command)
+
+
+def _trace_flags(trace: str, cuda_graph_trace: str, fork_before_exec: bool) -> list:
+    args = [f"--trace={trace}"]
     if "cuda" in trace.split(","):
         args.append(f"--cuda-graph-trace={cuda_graph_trace}")
     if fork_before_exec:
         args.append("--trace-fork-before-exec=true")
-    if capture_range and capture_range != "none":
-        args += [f"--capture-range={capture_range}", "--capture-range-end=stop"]
-    args += ["--sample=none", "--cpuctxsw=none", *extra, "-o", str(output_base)]
-    return args + list(command)
+    return args
+
+
+def launch_command(nsys: str, session: str, command: Sequence[str], *, trace: str = GPU_TRACE,
+                   cuda_graph_trace: str = "node", fork_before_exec: bool = True) -> list:
+    """`nsys launch`: start COMMAND with nsys's injection in a named session, recording nothing until
+    `nsys start --session` (every process of the session is recorded from then until `nsys stop`)."""
+    return [nsys, "launch", f"--session-new={session}", *_trace_flags(trace, cuda_graph_trace, fork_before_exec),
+            "--wait=all", *command]
+
+
+def start_command(nsys: str, session: str, output_base) -> list:
+    return [nsys, "start", f"--session={session}", "--sample=none", "--cpuctxsw=none", "-o", str(output_base)]
+
+
+def stop_command(nsys: str, session: str) -> list:
+    return [nsys, "stop", f"--session={session}"]
+
+
+def session_call(cmd: list, timeout_s: float = 300) -> str:
+    """Run `nsys start` / `nsys stop`; ProfattrError with nsys's own words when it fails."""
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise ProfattrError(f"`{' '.join(cmd[1:3])}` took longer than {timeout_s:.0f} s") from None
+    except OSError as exc:
+        raise ProfattrError(f"could not run {cmd[0]} ({exc})") from None
+    text = (out.stdout + "\n" + out.stderr).replace("\r", "\n")
+    if out.returncode != 0:
+        last = [ln.strip() for ln in text.splitlines() if ln.strip()][-1:] or ["no output"]
+        raise ProfattrError(f"`nsys {cmd[1]}` failed (exit {out.returncode}: {last[0]})")
+    return text
 
 
 def export_command(nsys: str, report, out) -> list:

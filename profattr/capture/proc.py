@@ -75,19 +75,42 @@ def _wait(predicate, timeout_s: float, poll_s: float = 0.2) -> bool:
         time.sleep(poll_s)
 
 
-def stop_target(launcher: subprocess.Popen, sigint_s: float = 60, sigterm_s: float = 20, sigkill_s: float = 10) -> str:
-    """Stop what `launcher` (nsys profile) runs: SIGINT, then SIGTERM, then SIGKILL to the target's process groups,
+def stop_target(launcher: subprocess.Popen, sigint_s: float = 60, sigterm_s: float = 20, sigkill_s: float = 10,
+                target_is_launcher: bool = False) -> str:
+    """Stop what `launcher` (nsys) runs: SIGINT, then SIGTERM, then SIGKILL to the target's process groups,
     each after the previous one had its time. Returns how it ended ("already exited", "SIGINT", "SIGTERM",
     "SIGKILL" or "still running"). nsys itself gets no signal where /proc shows the tree; elsewhere it gets the
-    SIGINT (it forwards it to its target)."""
+    SIGINT (it forwards it to its target). `target_is_launcher`: no nsys in between (the torch profiler), so the
+    launcher's own process group is the target's."""
     if launcher.poll() is not None:
         return "already exited"
+    if target_is_launcher:
+        for sig, wait_s in ((signal.SIGINT, sigint_s), (signal.SIGTERM, sigterm_s), (signal.SIGKILL, sigkill_s)):
+            try:
+                os.killpg(launcher.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+            if _wait(lambda: launcher.poll() is not None and not group_alive(launcher.pid), wait_s):
+                return sig.name
+        return "still running"
     groups = target_groups(launcher.pid)
     if not groups and not PROC.is_dir():
         launcher.send_signal(signal.SIGINT)
         return "SIGINT" if _wait(lambda: launcher.poll() is not None, sigint_s) else "still running"
     if not groups:
-        return "already exited"
+        children = [c for c in descendants(launcher.pid) if (_stat(c) or (0,))[0] == launcher.pid]
+        if not children:
+            return "already exited"
+        # a profiler that keeps its target in its own process group (ncu): signal the target's process itself
+        for sig, wait_s in ((signal.SIGINT, sigint_s), (signal.SIGTERM, sigterm_s), (signal.SIGKILL, sigkill_s)):
+            for c in children:
+                try:
+                    os.kill(c, sig)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            if _wait(lambda: not any(_stat(c) and _stat(c)[2] != "Z" for c in children), wait_s):
+                return sig.name
+        return "still running"
     for sig, wait_s in ((signal.SIGINT, sigint_s), (signal.SIGTERM, sigterm_s), (signal.SIGKILL, sigkill_s)):
         # look again: a process that left the target's group (setsid) would keep nsys waiting for it
         groups += [g for g in target_groups(launcher.pid) if g not in groups]

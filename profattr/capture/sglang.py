@@ -9,6 +9,10 @@ Checked against SGLang 0.5.16:
 - `python/sglang/srt/managers/scheduler_components/profiler_manager.py`: activity "CUDA_PROFILER" calls
   cudaProfilerStart/Stop on the base GPU's scheduler only; `num_steps` stops the window by itself after that many
   forward steps (prefill or decode), after which `/stop_profile` fails with "Profiling is not in progress";
+  activities "CPU"/"GPU" run torch.profiler and export `{profile_id}-TP-{tp_rank}.trace.json.gz` into
+  `output_dir` (DP/PP/EP ranks appended when those are > 1);
+- `python/sglang/srt/managers/io_struct.py`: ProfileReq fields (output_dir, num_steps, activities, with_stack,
+  record_shapes, profile_id);
 - `python/sglang/srt/managers/tokenizer_manager.py`: streamed `output_ids` are cumulative unless the server runs with
   `--incremental-streaming-output`; `meta_info.completion_tokens` counts the tokens so far.
 """
@@ -138,6 +142,25 @@ def profile_body(num_steps: int) -> dict:
     return {"activities": list(PROFILE_ACTIVITIES), "num_steps": int(num_steps)}
 
 
+def torch_profile_body(num_steps: int, output_dir: str, profile_id: str, with_stack: bool = False) -> dict:
+    """`/start_profile` for a torch-profiler trace (profiler_manager.py: activities CPU and GPU; the trace is
+    written as OUTPUT_DIR/PROFILE_ID-TP-<rank>.trace.json.gz when `num_steps` forward steps have run). Stacks and
+    shapes are off by default: they cost CPU time in every step and inflate the trace; SGLang's own default is
+    on (tokenizer_control_mixin.py, SGLANG_PROFILE_WITH_STACK)."""
+    return {"activities": ["CPU", "GPU"], "num_steps": int(num_steps), "output_dir": output_dir,
+            "profile_id": profile_id, "with_stack": bool(with_stack), "record_shapes": False}
+
+
+def trace_files(folder, profile_id: str) -> list:
+    """The torch-profiler traces SGLang wrote for `profile_id` (one per rank), sorted by rank."""
+    import re
+    from pathlib import Path
+
+    pattern = re.compile(re.escape(profile_id) + r"-TP-(\d+)(-[A-Z]+-\d+)*\.trace\.json\.gz$")
+    found = [(int(m.group(1)), p) for p in Path(folder).iterdir() if (m := pattern.match(p.name))]
+    return [p for _, p in sorted(found)]
+
+
 @dataclass
 class StreamResult:
     """One streamed generate: arrival time (s, perf_counter) and token count of every event."""
@@ -191,8 +214,9 @@ class Client:
         except (OSError, urllib.error.URLError):
             return False
 
-    def generate_stream(self, body: dict, timeout_s: float | None = None) -> StreamResult:
-        """POST a streaming /generate and time every server-sent event until `data: [DONE]`."""
+    def generate_stream(self, body: dict, timeout_s: float | None = None, first_token=None) -> StreamResult:
+        """POST a streaming /generate and time every server-sent event until `data: [DONE]`; `first_token` (a
+        threading.Event) is set when the first token arrives (the prefill is done)."""
         body = dict(body, stream=True)
         result = StreamResult(sent_s=time.perf_counter())
         try:
@@ -220,6 +244,8 @@ class Client:
                     count = incremental_total
                 result.times_s.append(time.perf_counter())
                 result.tokens.append(count)
+                if first_token is not None and count >= 1:
+                    first_token.set()
         return result
 
 
@@ -255,20 +281,28 @@ class ServerTimeout(Exception):
         self.elapsed_s = elapsed_s
 
 
-def run_concurrent(client: Client, body: dict, batch: int) -> list:
-    """`batch` streaming generates at once (one thread each); returns their StreamResults."""
+def run_concurrent(client: Client, body: dict, batch: int, after_first_token=None) -> list:
+    """`batch` streaming generates at once (one thread each); returns their StreamResults. `after_first_token()`
+    runs in the caller's thread once every stream has its first token (all prefills done), while they decode."""
     results: list = [None] * batch
     errors: list = []
+    firsts = [threading.Event() for _ in range(batch)]
 
     def one(i: int) -> None:
         try:
-            results[i] = client.generate_stream(body)
+            results[i] = client.generate_stream(body, first_token=firsts[i])
         except Exception as exc:  # re-raised in the caller's thread
             errors.append(exc)
+            firsts[i].set()
 
     threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(batch)]
     for t in threads:
         t.start()
+    if after_first_token is not None:
+        for event in firsts:
+            event.wait(timeout=client.timeout_s)
+        if not errors:
+            after_first_token()
     for t in threads:
         t.join()
     if errors:

@@ -1,0 +1,147 @@
+"""Evidence from an SGLang server's log: what it resolved and what it warned about.
+
+What SGLang 0.5.16 prints, and where (python/sglang/srt/...):
+- `server_args=ServerArgs(...)` once at start-up (entrypoints/engine.py), after its defaults and overrides
+  (arg_groups/overrides.py turns `auto` backends into concrete ones): the MoE runner, FP8 GEMM, attention and
+  sampling backends, TP size, CUDA-graph settings actually used;
+- "Using default MoE kernel config. Performance might be sub-optimal!" (layers/moe/moe_runner/triton_utils/
+  fused_moe_triton_config.py) when no tuned Triton MoE config exists for the shape and GPU, and "Fallback to
+  triton version ..." when one from another Triton version is used;
+- "Capture ... CUDA graph begin. ... bs=[...]" (model_executor) when decode runs under CUDA graphs;
+- log lines start with `[YYYY-MM-DD HH:MM:SS]` (with ` TPn` etc. in multi-rank servers).
+Times are read as UTC (the server's clock, as written); events are matched to a window by its recorded times.
+"""
+from __future__ import annotations
+
+import re
+from calendar import timegm
+from pathlib import Path
+
+MAX_BYTES = 64 * 1024 * 1024  # a log is read up to this size (the end is kept)
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+STAMP = re.compile(r"^\[(\d{4})-(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)(?:[^\]]*)\]\s*")
+SERVER_ARGS = re.compile(r"server_args=ServerArgs\((.*)\)\s*$")
+ARG = re.compile(r"(\w+)=('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|\[[^\]]*\]|\{[^}]*\}|[^,]+)")
+# server_args fields that decide which kernels run
+KEY_ARGS = ("moe_runner_backend", "fp8_gemm_runner_backend", "fp4_gemm_runner_backend", "attention_backend",
+            "decode_attention_backend", "prefill_attention_backend", "sampling_backend", "quantization",
+            "kv_cache_dtype", "tp_size", "dp_size", "ep_size", "moe_a2a_backend", "disable_cuda_graph",
+            "cuda_graph_max_bs", "cuda_graph_bs", "disable_custom_all_reduce", "enable_layerwise_nvtx_marker",
+            "disable_shared_experts_fusion", "page_size", "dsa_decode_backend", "dsa_prefill_backend",
+            "nsa_decode_backend", "nsa_prefill_backend", "enable_torch_compile", "mem_fraction_static",
+            "max_running_requests", "chunked_prefill_size", "disable_radix_cache", "load_format", "dtype")
+# (kind, pattern): what a performance engineer must know happened
+EVENTS = (
+    ("default_kernel_config", re.compile(r"Using default \w[\w ]* (?:kernel )?config|Performance might be sub-optimal",
+                                         re.IGNORECASE)),
+    ("fallback", re.compile(r"\bfall(?:ing)? ?back\b|\bfallback\b", re.IGNORECASE)),
+    ("jit_compile", re.compile(r"\bJIT\b|\bcompil(?:e|ing|ation)\b|\bnvcc\b|\bautotun", re.IGNORECASE)),
+    ("cuda_graph", re.compile(r"CUDA graph", re.IGNORECASE)),
+    ("error", re.compile(r"Traceback \(most recent call last\)|\bError\b:|\bERROR\b|out of memory")),
+    ("warning", re.compile(r"\bWARNING\b|\bWarning:|\bwarn\b", re.IGNORECASE)),
+)
+GRAPH_CAPTURE = re.compile(r"Capture (?:target )?decode CUDA graph begin\b.*?\bbs=\[([0-9, ]*)\]", re.IGNORECASE)
+CONFIG_FILE = re.compile(r"configs/[\w./-]*?/(E=[^/\s]+?\.json)")
+MAX_EVENTS_PER_KIND = 20
+
+
+def _parse_args(text: str) -> dict:
+    out = {}
+    for key, value in ARG.findall(text):
+        if key not in KEY_ARGS or key in out:
+            continue
+        value = value.strip()
+        if value[:1] in "'\"":
+            value = value[1:-1]
+        elif value in ("True", "False"):
+            value = value == "True"
+        elif value == "None":
+            value = None
+        elif re.fullmatch(r"-?\d+", value):
+            value = int(value)
+        elif re.fullmatch(r"-?\d+\.\d*", value):
+            value = float(value)
+        out[key] = value
+    return out
+
+
+def parse(text: str) -> dict:
+    """Evidence from log text (see the module docstring): resolved server args, CUDA-graph use, and the events
+    of each kind (first lines, with their time), with counts."""
+    server_args: dict = {}
+    graph_bs: list = []
+    events: dict = {kind: [] for kind, _ in EVENTS}
+    counts: dict = {kind: 0 for kind, _ in EVENTS}
+    configs: set = set()
+    for raw in text.splitlines():
+        line = ANSI.sub("", raw).rstrip()
+        if not line.strip():
+            continue
+        stamp = STAMP.match(line)
+        t = timegm(tuple(int(x) for x in stamp.groups()) + (0, 0, 0)) if stamp else None
+        body = line[stamp.end():] if stamp else line.strip()
+        m = SERVER_ARGS.search(body)
+        if m:
+            if not server_args:
+                server_args = _parse_args(m.group(1))
+            continue
+        g = GRAPH_CAPTURE.search(body)
+        if g:
+            graph_bs = sorted({int(x) for x in g.group(1).replace(" ", "").split(",") if x})
+        for kind, pattern in EVENTS:
+            if pattern.search(body):
+                counts[kind] += 1
+                if kind == "default_kernel_config":
+                    configs.update(CONFIG_FILE.findall(body))
+                if len(events[kind]) < MAX_EVENTS_PER_KIND:
+                    events[kind].append({"time_utc_s": t, "text": body[:300]})
+                break
+    resolved = {k: server_args.get(k) for k in ("moe_runner_backend", "fp8_gemm_runner_backend",
+                                                "attention_backend", "sampling_backend") if k in server_args}
+    graphs = None
+    if server_args.get("disable_cuda_graph") is True:
+        graphs = {"decode": False, "batch_sizes": []}
+    elif graph_bs:
+        graphs = {"decode": True, "batch_sizes": graph_bs}
+    return {"server_args": server_args, "resolved": resolved, "cuda_graph": graphs,
+            "default_kernel_configs": sorted(configs), "counts": counts, "events": events}
+
+
+def read_log(path) -> dict | None:
+    """`parse` of a log file (the last MAX_BYTES of it), or None when it cannot be read."""
+    try:
+        path = Path(path)
+        size = path.stat().st_size
+        with path.open("rb") as fh:
+            if size > MAX_BYTES:
+                fh.seek(size - MAX_BYTES)
+            data = fh.read()
+    except OSError:
+        return None
+    if path.suffix == ".gz":
+        import gzip
+
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError):
+            return None
+    return parse(data.decode("utf-8", errors="replace"))
+
+
+def for_window(evidence: dict | None, window: dict) -> dict | None:
+    """The evidence with each timed event marked in_window (between the window's opening and closing, as
+    profattr recorded them), and the count of such events per kind."""
+    if evidence is None:
+        return None
+    opened, closed = window.get("opened_utc_s"), window.get("closed_utc_s")
+    out = dict(evidence, events={}, in_window={})
+    for kind, rows in evidence["events"].items():
+        marked = []
+        for row in rows:
+            t = row.get("time_utc_s")
+            inside = (opened is not None and closed is not None and t is not None
+                      and int(opened) <= t <= int(closed) + 1)  # log stamps have whole seconds
+            marked.append(dict(row, in_window=inside))
+        out["events"][kind] = marked
+        out["in_window"][kind] = sum(1 for r in marked if r["in_window"])
+    return out
