@@ -110,9 +110,15 @@ def finish_outputs(p_dir: Path, name: str, run: dict, nsys_path: str | None, imp
     traces = sglang.trace_files(p_dir, name) if p_dir.is_dir() else []
     readable = sqlite if sqlite.exists() else (traces[0] if traces else None)
     if readable is not None and run.get("profiler") != "ncu":
-        findings, budget = lint.evaluate(readable, run)
-        record_profiled_timing(run, budget)
-        run["check"] = {"status": lint.overall(findings), "findings": [x.to_dict() for x in findings]}
+        try:
+            findings, budget = lint.evaluate(readable, run)
+        except ProfattrError as exc:
+            if readable == sqlite:
+                raise
+            run["notes"].append(f"not checked here: {exc.format_message()}")
+        else:
+            record_profiled_timing(run, budget)
+            run["check"] = {"status": lint.overall(findings), "findings": [x.to_dict() for x in findings]}
     files = {kind: f(kind).name for kind in SUFFIXES if f(kind).exists() or kind == "run"}
     log = run.get("files", {}).get("log")
     if log and (p_dir / log).exists():
