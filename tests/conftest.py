@@ -23,6 +23,16 @@ SGLANG_CAPTURES = ["sglang-triton-bs1", "sglang-triton_kernel-bs1", "sglang-trit
 # SGLang without CUDA graphs, with its layerwise NVTX markers: the --mapping captures of the graph ones
 SGLANG_EAGER_CAPTURES = ["sglang-triton-bs1-eager", "sglang-triton_kernel-bs1-eager"]
 ALL_CAPTURES = WORKLOAD_CAPTURES + SGLANG_CAPTURES + SGLANG_EAGER_CAPTURES
+# Nsight Systems 2024.2.3 captures of the GLM-5-shaped SGLang decode (examples/h200/glm5/): per MoE runner, batch 1/4/8
+# with two replicate windows of one server each (-r1, -r2), the eager twin with layerwise NVTX, the TP8 per-rank slice
+GLM_BACKENDS = ["triton", "cutlass"]
+GLM_GRAPH_CAPTURES = ([f"glm5/glm-{b}-bs{bs}-r{r}" for b in GLM_BACKENDS for bs in (1, 4, 8) for r in (1, 2)]
+                      + ["glm5/glm-deep_gemm-r1", "glm5/glm-deep_gemm-r2"])
+GLM_CAPTURES = GLM_GRAPH_CAPTURES + ["glm5/glm-triton-eager", "glm5/glm-tp8slice"]
+# nsys 2023.4.4 on the same decode: its importer kept 50 of the 6160 kernels (the report a user of it gets)
+GLM_LOSSY_CAPTURE = "glm5/glm-triton-nsys2023"
+# workload captures made with nsys 2024.2.3: an unwarmed window, a graph-level trace, an A/A pair of launches
+WORKLOAD_2024_CAPTURES = ["wl-eager-cold-window", "wl-graph-trace-graph", "wl-graph-grouped-r1", "wl-graph-grouped-r2"]
 
 
 def find_test_nsys():
@@ -61,7 +71,7 @@ def export_example(export_dir):
             pytest.skip("no nsys here to export the committed .nsys-rep (run scripts/install-nsys)")
         copy = export_dir / rep.name
         shutil.copyfile(rep, copy)
-        out = export_dir / f"{name}.sqlite"
+        out = export_dir / f"{rep.stem}.sqlite"
         subprocess.run([nsys, "export", "--type", "sqlite", "--force-overwrite", "true", "-o", str(out), str(copy)],
                        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         cache[name] = out
