@@ -6,6 +6,7 @@ file). Without nsys the tests that need them skip here, and fail in CI (CI=true)
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -74,6 +75,13 @@ def export_example(export_dir):
         out = export_dir / f"{rep.stem}.sqlite"
         subprocess.run([nsys, "export", "--type", "sqlite", "--force-overwrite", "true", "-o", str(out), str(copy)],
                        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        # run.json (and the server log it names) beside the export, as `profattr capture` leaves them
+        run = rep.with_name(rep.stem + ".run.json")
+        if run.exists():
+            shutil.copyfile(run, export_dir / run.name)
+            log = (json.loads(run.read_text()).get("files") or {}).get("log")
+            if log and (rep.parent / log).exists() and not (export_dir / log).exists():
+                shutil.copyfile(rep.parent / log, export_dir / log)
         cache[name] = out
         return out
 
