@@ -3,7 +3,7 @@
 -- launch configuration inside the window (a prefill-shaped call of a kernel is not the first call of its decode
 -- shape).
 SELECT k.deviceId,
-       k.demangledName,
+       COALESCE(k.demangledName, k.shortName),
        k.gridX, k.gridY, k.gridZ,
        k.blockX, k.blockY, k.blockZ,
        k.start,

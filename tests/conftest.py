@@ -39,7 +39,7 @@ WORKLOAD_2024_CAPTURES = ["wl-eager-cold-window", "wl-graph-trace-graph", "wl-gr
 def find_test_nsys():
     """The nsys the product would use, or None."""
     try:
-        from profattr.capture.nsys import find_nsys
+        from profattr.tools.nsys import find_nsys
 
         return find_nsys().path
     except Exception:

@@ -112,7 +112,7 @@ def test_step_range_never_occurs_lists_candidates(tmp_path):
 
 def test_bad_steps_spec(tmp_path):
     p = small_capture(tmp_path / "c.sqlite")
-    assert_one_line_error(run("budget", str(p), "--steps", "layers"), "auto, whole, graph or nvtx:NAME")
+    assert_one_line_error(run("budget", str(p), "--steps", "layers"), "auto, whole, graph, nvtx:NAME or nvtx-re:REGEX")
 
 
 def test_rules_file_with_bad_regex(tmp_path):

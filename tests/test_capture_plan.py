@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from profattr.capture import nsys as nsys_tool
+from profattr.tools import nsys as nsys_tool
 from profattr.capture import sglang
 from profattr.cli import cli
 from profattr.errors import ProfattrError

@@ -11,7 +11,8 @@ import pytest
 from click.testing import CliRunner
 from synth import Builder, gpid, gtid
 
-from profattr.capture import lint
+from profattr.check import overall as check_overall
+from profattr.check.run import check_capture
 from profattr.cli import cli
 
 PID = 4242
@@ -55,7 +56,7 @@ def graph_capture(path: Path, steps: int = 4, kernels_per_step=("fused_moe_kerne
 
 
 def findings_of(path) -> dict:
-    _, findings = lint.check_capture(path)
+    _, findings = check_capture(path)
     return {f.check: f for f in findings}
 
 

@@ -15,7 +15,8 @@ from click.testing import CliRunner
 
 from conftest import ALL_CAPTURES, EXAMPLES, SGLANG_CAPTURES, find_test_nsys
 from independent import expected_graph, expected_nvtx
-from profattr.capture import lint
+from profattr.check import overall as check_overall
+from profattr.check.run import check_capture
 from profattr.cli import cli
 
 TP2 = "wl-graph-grouped-tp2"
@@ -37,7 +38,7 @@ def capture_folder(tmp_path: Path, name: str, sqlite: Path) -> Path:
 
 
 def findings(tmp_path, name, export_example) -> dict:
-    _, found = lint.check_capture(capture_folder(tmp_path, name, export_example(name)))
+    _, found = check_capture(capture_folder(tmp_path, name, export_example(name)))
     return {f.check: f for f in found}
 
 
@@ -139,9 +140,9 @@ def test_committed_run_timing_and_check_are_current(tmp_path, name, export_examp
     assert timing["ms_per_token_profiled"] == pytest.approx(max(step_ms.values()), rel=1e-6)
     assert {d["device"]: d["step_ms"] for d in timing["profiled_per_device"]} == pytest.approx(step_ms, rel=1e-6)
     assert timing["profiled_source"].startswith("capture: median step span")
-    _, now = lint.check_capture(capture_folder(tmp_path, name, path))
+    _, now = check_capture(capture_folder(tmp_path, name, path))
     assert {f["check"]: f["status"] for f in run["check"]["findings"]} == {f.check: f.status for f in now}
-    assert run["check"]["status"] == lint.overall(now)
+    assert run["check"]["status"] == check_overall(now)
     # nothing of the machine that finished them
     changed = json.dumps([run["timing"], run["check"], run["commands"].get("export"), run.get("finished_with")])
     assert not any(p in changed for p in ("/work", "/root", "/tmp", "/home"))

@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from profattr.capture import doctor, environment
-from profattr.capture import nsys as nsys_tool
+from profattr.tools import nsys as nsys_tool
 from profattr.cli import cli
 from profattr.errors import ProfattrError
 

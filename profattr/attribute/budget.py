@@ -16,7 +16,7 @@ capture-time NVTX context the context of their matching kernel in an eager captu
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 import numpy as np
@@ -25,11 +25,11 @@ import pandas as pd
 from profattr.attribute.comm import collective_split
 from profattr.attribute.graphs import STATUS_MAPPING, STATUS_NAMES, STATUS_UNPLACED, place_contexts
 from profattr.attribute.nvtx import Ranges, enclosed, load_ranges
-from profattr.attribute.ops import KIND_KERNEL, Ops, load_ops, memop_name
 from profattr.attribute.steps import Steps, find_steps
 from profattr.errors import ProfattrError
 from profattr.taxonomy.classify import load_rules
-from profattr.trace.reader import Export, open_export, resolve_capture
+from profattr.trace.ops import KIND_KERNEL, Ops, memop_name
+from profattr.trace.source import open_trace
 
 SCHEMA = "profattr.budget/1"
 NS_PER_MS = 1e6
@@ -93,13 +93,18 @@ class Budget:
     comm: dict | None = None  # ranks, steps compared, slowest rank per step (comm.py); None with < 2 ranks
     per_step_comm: pd.DataFrame | None = None  # device, step, category, collective_ns, wait_ns
     layer_pattern: str | None = None  # set when per-layer rows were computed
+    format: str = "nsys"  # the reader: nsys (SQLite export) or torch (torch-profiler trace)
+    tool_version: str | None = None
+    steps_excluded: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         out = {
             "schema": SCHEMA,
-            "capture": {"path": self.path, "nsys_version": self.nsys_version,
-                        "export_schema_version": self.schema_version, "gpus": self.gpus},
-            "steps": {"source": self.steps_source, "count": self.steps_count, "reason": self.steps_reason},
+            "capture": {"path": self.path, "format": self.format, "nsys_version": self.nsys_version,
+                        "export_schema_version": self.schema_version, "profiler_version": self.tool_version,
+                        "gpus": self.gpus},
+            "steps": {"source": self.steps_source, "count": self.steps_count, "reason": self.steps_reason,
+                      "excluded": self.steps_excluded},
             "nvtx_context": self.context_method,
             "devices": self.devices,
         }
@@ -117,11 +122,14 @@ class Budget:
 
 def compute_budget(path, steps: str = "auto", rules: Sequence = (), force: bool = False,
                    keep_attribution: bool = False, mapping=None, by: str = "category",
-                   layer_range: str | None = None) -> Budget:
-    """Read a capture (.sqlite, or .nsys-rep exported on demand) and compute its per-step budget.
+                   layer_range: str | None = None, skip_steps=None) -> Budget:
+    """Read a capture (.sqlite, .nsys-rep exported on demand, or torch-profiler traces) and compute its per-step
+    budget.
 
     `mapping`: an eager capture of the same workload whose NVTX context is lent to replayed graph ops that have
     none (mapping.py). `by="layer"` adds per-layer rows to every device (`layer_range`: the layer regex).
+    `skip_steps`: leave out the first N steps of each thread, or "auto" the slow start the steady-state test
+    finds (attribute/steady.py); the budget says what it left out.
     """
     if by not in ("category", "layer"):
         raise ProfattrError(f"--by {by!r}: expected category or layer")
@@ -129,22 +137,67 @@ def compute_budget(path, steps: str = "auto", rules: Sequence = (), force: bool 
     source = None
     if mapping is not None:
         source = _mapping_attribution(mapping, steps, ruleset, force)
-    sqlite_path = resolve_capture(path, force=force)
-    with open_export(sqlite_path) as export:
-        attribution = attribute(export, steps, ruleset, mapping=source)
-        budget = summarize(export, attribution)
+    with open_trace(path, force=force) as export:
+        budget = budget_of(export, steps, ruleset, mapping=source, skip_steps=skip_steps)
+    attribution = budget.attribution
     if by == "layer" or layer_range is not None:
         add_layers(budget, attribution, layer_range)
-    if keep_attribution:
-        budget.attribution = attribution
+    if not keep_attribution:
+        budget.attribution = None
     return budget
+
+
+def budget_of(export, steps: str = "auto", ruleset=None, mapping: "Attribution | None" = None,
+              skip_steps=None) -> Budget:
+    """The budget of an open reader (trace/source.py open_trace), keeping its attribution."""
+    attribution = attribute(export, steps, ruleset if ruleset is not None else load_rules(()), mapping=mapping)
+    budget = summarize(export, attribution)
+    if skip_steps not in (None, 0, "0"):
+        leading = _leading_to_skip(budget, skip_steps)
+        if leading:
+            how = "auto: the slow start the steady-state test found" if skip_steps == "auto" else "--skip-steps"
+            attribution = skip_leading_steps(attribution, leading, f"first {leading} step(s) of each thread ({how})")
+            budget = summarize(export, attribution)
+    budget.attribution = attribution
+    return budget
+
+
+def _leading_to_skip(budget: Budget, skip_steps) -> int:
+    if skip_steps == "auto":
+        from profattr.attribute.steady import steady_state
+
+        found = [steady_state(budget.per_step.loc[budget.per_step["device"] == d["device"]]
+                              .sort_values("start_ns")["span_ns"].to_numpy()).warmup_steps for d in budget.devices]
+        return max(found, default=0)
+    try:
+        n = int(skip_steps)
+    except (TypeError, ValueError):
+        raise ProfattrError(f"--skip-steps {skip_steps!r}: expected a number of steps or auto") from None
+    if n < 0:
+        raise ProfattrError(f"--skip-steps must be 0 or more (got {n})")
+    if n >= len(budget.attribution.steps if budget.attribution else []) and n:
+        raise ProfattrError(f"--skip-steps {n} leaves no step: the capture has "
+                            f"{budget.steps_count} steps")
+    return n
+
+
+def skip_leading_steps(att: Attribution, n: int, what: str) -> Attribution:
+    """The attribution without the first `n` steps of each thread (their ops count as outside the steps)."""
+    st = att.steps
+    keep = np.ones(len(st), dtype=bool)
+    for tid in np.unique(st.tid):
+        idx = np.flatnonzero(st.tid == tid)
+        keep[idx[np.argsort(st.start[idx], kind="stable")][:n]] = False
+    remap = np.full(len(st) + 1, -1, dtype=np.int64)
+    remap[np.flatnonzero(keep)] = np.arange(int(keep.sum()))
+    step = remap[att.step]  # -1 stays -1 (the extra last slot)
+    return replace(att, steps=st.keep(keep, what), step=step)
 
 
 def _mapping_attribution(mapping, steps: str, ruleset, force: bool) -> Attribution:
     """The mapping capture's attribution (its steps: the same NVTX range when one was named, else auto)."""
-    sqlite_path = resolve_capture(mapping, force=force)
-    with open_export(sqlite_path) as export:
-        att = attribute(export, steps if steps.startswith("nvtx:") else "auto", ruleset)
+    with open_trace(mapping, force=force) as export:
+        att = attribute(export, steps if steps.startswith("nvtx") else "auto", ruleset)
         if len(att.ranges) == 0:
             raise ProfattrError(f"--mapping {mapping}: this capture has no NVTX ranges, so it cannot lend any; "
                                 "give an eager capture of the same workload recorded with NVTX (for SGLang: "
@@ -156,12 +209,13 @@ def _mapping_attribution(mapping, steps: str, ruleset, force: bool) -> Attributi
     return att
 
 
-def attribute(export: Export, steps_spec: str, ruleset, mapping: Attribution | None = None) -> Attribution:
-    """Link every GPU op to its step and its category (and, with `mapping`, borrow missing NVTX contexts)."""
-    ops = load_ops(export)
+def attribute(export, steps_spec: str, ruleset, mapping: Attribution | None = None) -> Attribution:
+    """Link every GPU op to its step and its category (and, with `mapping`, borrow missing NVTX contexts).
+    `export` is any reader (trace/source.py open_trace)."""
+    ops = export.ops()
     ranges = load_ranges(export)
-    steps = find_steps(export, steps_spec, ranges, ops.launch_tid, ops.launch_ns)
-    step = steps.assign(ops.launch_tid, ops.launch_ns)
+    steps = find_steps(export, steps_spec, ranges, ops)
+    step = steps.assign(ops.launch_tid, ops.launch_ns, ops.launched)
     placement = place_contexts(export, ops, ranges)
     patterns = list(ruleset.context_patterns)
     mask = context_mask(ranges, patterns, placement.tid, placement.t_ns)
@@ -205,7 +259,7 @@ def context_mask(ranges: Ranges, patterns: Sequence[str], ctx_tid, ctx_ns) -> np
     return mask
 
 
-def classify_masks(export: Export, ops: Ops, mask: np.ndarray, patterns: Sequence[str], ruleset):
+def classify_masks(export, ops: Ops, mask: np.ndarray, patterns: Sequence[str], ruleset):
     """(combo per op, combos frame) from each op's context bits (see context_mask)."""
     uniq, combo = group_rows(ops.demangled_id, ops.name_id, mask)
     strings = export.strings(np.concatenate([uniq[:, 0], uniq[:, 1]]))
@@ -288,7 +342,7 @@ def _sum_count(key: np.ndarray, weights: np.ndarray, size: int):
             np.bincount(key, minlength=size).astype(np.int64))
 
 
-def summarize(export: Export, att: Attribution) -> Budget:
+def summarize(export, att: Attribution) -> Budget:
     ops, step = att.ops, att.step
     inside = step >= 0
     # usually every op is inside a step: then work on views, not copies, of the op arrays
@@ -366,6 +420,7 @@ def summarize(export: Export, att: Attribution) -> Budget:
     budget = Budget(path=str(export.path), nsys_version=export.nsys_version,
                     schema_version=export.schema_version, gpus=export.gpus, steps_source=att.steps.source,
                     steps_reason=att.steps.reason, steps_count=len(att.steps), devices=devices, per_step=per_step,
+                    format=export.format, tool_version=export.tool_version, steps_excluded=dict(att.steps.excluded),
                     per_step_category=per_step_category, context_method=att.context_method,
                     nvtx_placement=att.placement() if att.status is not None else None)
     add_comm(budget, att)

@@ -4,12 +4,16 @@ from __future__ import annotations
 import click
 
 
-STEPS_HELP = ("How to cut the capture into decode steps: auto (a repeating NVTX range that encloses the kernel "
-              "launches, else CUDA graph launches, else whole), whole, graph (each cudaGraphLaunch), "
-              "nvtx:NAME (ranges with that text; NAME@DOMAIN for a domain).")
+STEPS_HELP = ("How to cut the capture into decode steps: auto (SGLang's decode spans step[DECODE bs=N], torch's "
+              "ProfilerStep#N, a repeating NVTX range whose instances enclose the launches alike, CUDA graph "
+              "launches, else whole), whole, graph (each cudaGraphLaunch), nvtx:NAME (ranges with that text; "
+              "NAME@DOMAIN for a domain), nvtx-re:REGEX (ranges whose text matches).")
 
 
 def steps_option(f):
+    f = click.option("--skip-steps", "skip_steps", default=None, metavar="N|auto",
+                     help="leave out the first N steps of each thread, or `auto` the slow start (warm-up) the "
+                          "steady-state check finds; the output says what it left out")(f)
     return click.option("--steps", default="auto", show_default=True, help=STEPS_HELP)(f)
 
 
@@ -42,7 +46,7 @@ def format_option(choices=("table", "json", "csv", "markdown")):
 @click.option("--mapping", type=click.Path(dir_okay=False), metavar="CAPTURE", help=MAPPING_HELP)
 @click.option("--force", is_flag=True, help="Re-export a .nsys-rep even when an older .sqlite exists beside it.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write to this file instead of stdout.")
-def budget(capture, steps, rules, fmt, top, by, layer_range, mapping, force, output):
+def budget(capture, steps, skip_steps, rules, fmt, top, by, layer_range, mapping, force, output):
     """Per decode step and per GPU: time per kernel category and kernel, idle time, and coverage.
 
     CAPTURE is an Nsight Systems SQLite export (or a .nsys-rep, exported beside it when nsys is available).
@@ -52,7 +56,8 @@ def budget(capture, steps, rules, fmt, top, by, layer_range, mapping, force, out
     from profattr.report import budget_view
 
     result = compute_budget(capture, steps=steps, rules=rules, force=force, mapping=mapping,
-                            by="layer" if layer_range is not None else by, layer_range=layer_range)
+                            by="layer" if layer_range is not None else by, layer_range=layer_range,
+                            skip_steps=skip_steps)
     data = result.to_dict()
     if fmt == "json":
         text = result.to_json()
@@ -90,7 +95,7 @@ def _emit(text: str, output) -> None:
               help="layer: also list the change per model layer (read from NVTX).")
 @click.option("--layer-range", "layer_range", metavar="REGEX", help=LAYER_RANGE_HELP)
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write to this file instead of stdout.")
-def diff(a, b, steps, rules, fmt, changed, samples, mapping_a, mapping_b, by, layer_range, output):
+def diff(a, b, steps, skip_steps, rules, fmt, changed, samples, mapping_a, mapping_b, by, layer_range, output):
     """Attribute the step-time change from capture A to capture B.
 
     A and B are captures (.sqlite / .nsys-rep) or budget JSON files. Components (categories, idle, overlap)
@@ -103,7 +108,7 @@ def diff(a, b, steps, rules, fmt, changed, samples, mapping_a, mapping_b, by, la
     from profattr.report import diff_view
 
     by = "layer" if layer_range is not None else by
-    side_a, side_b = load_sides(a, b, steps, rules, mapping_a, mapping_b, by, layer_range)
+    side_a, side_b = load_sides(a, b, steps, rules, mapping_a, mapping_b, by, layer_range, skip_steps)
     result = compute_diff(side_a, side_b, samples=samples, changed=changed)
     if fmt == "json":
         text = json.dumps(result, indent=2)

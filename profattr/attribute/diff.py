@@ -53,11 +53,11 @@ COMM_WAIT = "comm_wait"
 
 
 def load_sides(a, b, steps: str = "auto", rules: Sequence = (), mapping_a=None, mapping_b=None,
-               by: str = "category", layer_range: str | None = None) -> tuple:
+               by: str = "category", layer_range: str | None = None, skip_steps=None) -> tuple:
     """Both sides of a diff; two captures are read in two processes at once when the machine has the cores
     (each budget is independent, so the diff costs about one budget's wall time)."""
-    args_a = (a, steps, tuple(rules), mapping_a, by, layer_range)
-    args_b = (b, steps, tuple(rules), mapping_b, by, layer_range)
+    args_a = (a, steps, tuple(rules), mapping_a, by, layer_range, skip_steps)
+    args_b = (b, steps, tuple(rules), mapping_b, by, layer_range, skip_steps)
     both_captures = not str(a).endswith(".json") and not str(b).endswith(".json")
     if both_captures and (os.cpu_count() or 1) >= 2:
         try:
@@ -70,7 +70,7 @@ def load_sides(a, b, steps: str = "auto", rules: Sequence = (), mapping_a=None, 
 
 
 def load_side(path, steps: str = "auto", rules: Sequence = (), mapping=None, by: str = "category",
-              layer_range: str | None = None) -> Side:
+              layer_range: str | None = None, skip_steps=None) -> Side:
     """A capture (.sqlite / .nsys-rep) or a budget JSON file written by `profattr budget --format json`.
 
     `mapping`: an eager capture lending NVTX context to the capture's replayed graph ops; `by="layer"` /
@@ -89,7 +89,8 @@ def load_side(path, steps: str = "auto", rules: Sequence = (), mapping=None, by:
             raise ProfattrError(f"{p}: not a profattr budget (schema {data.get('schema')!r}); write one with "
                                 "`profattr budget CAPTURE --format json`")
         return Side(str(p), data, None, None, run)
-    b: Budget = compute_budget(p, steps=steps, rules=rules, mapping=mapping, by=by, layer_range=layer_range)
+    b: Budget = compute_budget(p, steps=steps, rules=rules, mapping=mapping, by=by, layer_range=layer_range,
+                               skip_steps=skip_steps)
     return Side(str(p), b.to_dict(), b.per_step, b.per_step_category, run, b.per_step_comm)
 
 

@@ -16,8 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from profattr.attribute.nvtx import Ranges, enclosed
-from profattr.attribute.ops import Ops
-from profattr.trace.reader import Export, load_query
+from profattr.trace.ops import Ops
 
 # How an op's NVTX context point was found (Placement.status)
 STATUS_LAUNCH = 0  # not replayed from a graph: its own launch call
@@ -26,28 +25,10 @@ STATUS_MAPPING = 2  # taken from the matching kernel of an eager mapping capture
 STATUS_UNPLACED = 3  # replayed graph node without a usable capture-time context
 STATUS_NAMES = {STATUS_LAUNCH: "launch", STATUS_CREATION: "graph_node_creation", STATUS_MAPPING: "mapping",
                 STATUS_UNPLACED: "unplaced"}
-
-NODE_TABLES = ("CUDA_GRAPH_NODE_EVENTS", "CUDA_GRAPH_EVENTS")
 MAX_HOPS = 4  # exec node -> capture node (-> cloned graph node ...)
 
 
-def node_creation(export: Export):
-    """Arrays (node, original, start, tid) of node-creation events, sorted by node id; None when absent."""
-    for table in NODE_TABLES:
-        if export.has(table) and {"graphNodeId", "originalGraphNodeId"} <= export.columns(table):
-            ev = export.arrays(load_query("graph_node_events", table=table), ["node", "original", "start", "tid"])
-            if len(ev["node"]):
-                # a node can have two events (its creation, and its cloning at instantiation, which names the
-                # original): per node, keep the event that points back to an original, so the chain continues
-                order = np.lexsort((-ev["original"], ev["node"]))
-                ev = {k: v[order] for k, v in ev.items()}
-                first = np.ones(len(ev["node"]), dtype=bool)
-                first[1:] = ev["node"][1:] != ev["node"][:-1]
-                return {k: v[first] for k, v in ev.items()}
-    return None
-
-
-def _creation_points(export: Export, ops: Ops):
+def _creation_points(source, ops: Ops):
     """(thread, time) per op at which its NVTX context is read, a boolean per op (a graph op whose node creation was
     found), and a one-line description of the method. Non-graph ops: their launch call; graph ops whose node
     creation was recorded: that creation (the capturing launch's thread and time)."""
@@ -56,7 +37,7 @@ def _creation_points(export: Export, ops: Ops):
     graph_ops = np.flatnonzero(ops.graph_node >= 0)
     if len(graph_ops) == 0:
         return tid, t_ns, found, "launch"
-    ev = node_creation(export)
+    ev = source.node_creation()
     if ev is None:
         return tid, t_ns, found, (f"launch (graph node creation not recorded: {len(graph_ops)} replayed ops only "
                                   "see the ranges around cudaGraphLaunch)")
@@ -104,14 +85,14 @@ class Placement:
         return {name: int((status == code).sum()) for code, name in STATUS_NAMES.items()}
 
 
-def place_contexts(export: Export, ops: Ops, ranges: Ranges) -> Placement:
+def place_contexts(source, ops: Ops, ranges: Ranges) -> Placement:
     """Context points of all ops, and which replayed graph ops really have a capture-time NVTX context.
 
     A graph op counts as placed at its node's creation only when that creation lies inside at least one NVTX range
     of the creating thread: a creation recorded before the profiled window carries no range at all, and reading
     layers or NVTX-context rules there would silently put every replayed kernel outside every module.
     """
-    tid, t_ns, found, method = _creation_points(export, ops)
+    tid, t_ns, found, method = _creation_points(source, ops)
     status = np.full(len(ops), STATUS_LAUNCH, dtype=np.int8)
     graph = ops.graph_node >= 0
     if not graph.any():

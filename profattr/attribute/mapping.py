@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from profattr.attribute.ops import Ops, memop_name
-from profattr.trace.reader import Export
+from profattr.trace.ops import Ops, memop_name
+
 
 
 @dataclass
@@ -42,7 +42,7 @@ class Mapping:
                 "identical_steps": self.identical_steps}
 
 
-def op_names(export: Export, ops: Ops) -> np.ndarray:
+def op_names(export, ops: Ops) -> np.ndarray:
     """Demangled name per op (object array); memory ops get their display name ("[CUDA memset]" ...)."""
     ids = ops.demangled_id
     uniq, inverse = np.unique(ids, return_inverse=True)

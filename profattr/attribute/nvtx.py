@@ -1,4 +1,5 @@
-"""NVTX ranges of a capture, and the question "which ranges enclose this CPU time on this thread?".
+"""NVTX ranges (or torch-profiler annotations) of a capture, and the question "which ranges enclose this CPU time on
+this thread?".
 
 This is nsys's NVTX GPU projection: GPU work belongs to the ranges open on the launching thread when the launch
 call started (inclusive at both ends, as nsys's SQL reports treat it).
@@ -10,7 +11,6 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from profattr.trace.reader import NVTX, Export, load_query
 
 
 @dataclass
@@ -33,25 +33,9 @@ class Ranges:
         return frame[frame["text"] == text]
 
 
-def load_ranges(export: Export) -> Ranges:
-    """All closed push/pop and start/end ranges (empty frame when the capture has no NVTX)."""
-    empty = pd.DataFrame({"start": np.zeros(0, np.int64), "end": np.zeros(0, np.int64),
-                          "tid": np.zeros(0, np.int64), "text": pd.Series([], dtype=object),
-                          "domain": pd.Series([], dtype=object)})
-    if not export.has(NVTX):
-        return Ranges(empty)
-    cols = export.columns(NVTX)
-    text_id = "n.textId" if "textId" in cols else "NULL"
-    same_thread = "n.endGlobalTid IS NULL" if "endGlobalTid" in cols else "1"
-    rows = export.query(load_query("nvtx_ranges", text_id=text_id, same_thread=same_thread))
-    if not rows:
-        return Ranges(empty)
-    frame = pd.DataFrame(rows, columns=["start", "end", "tid", "text", "domain_id"])
-    domains = {(int(d), int(p)): t for d, p, t in export.query(load_query("nvtx_domains")) if t}
-    pid = frame["tid"].to_numpy() & ~0xFFFFFF
-    frame["domain"] = [domains.get((int(d), int(p)), "") if d else ""
-                       for d, p in zip(frame["domain_id"].to_numpy(), pid)] if domains else ""
-    return Ranges(frame.drop(columns="domain_id"))
+def load_ranges(source) -> Ranges:
+    """All closed ranges of the capture's reader (empty frame when it has none)."""
+    return Ranges(source.ranges())
 
 
 def enclosed(range_tid: np.ndarray, range_start: np.ndarray, range_end: np.ndarray,

@@ -1,55 +1,82 @@
 """Decode steps: which CPU-side interval, on which thread, is one step, and which GPU work belongs to it.
 
 Sources (`--steps`):
-- `nvtx:NAME` (or `nvtx:NAME@DOMAIN`): every NVTX range with that text is a step.
+- `nvtx:NAME` (or `nvtx:NAME@DOMAIN`): every NVTX range (or torch-profiler annotation) with that text is a step;
+- `nvtx-re:REGEX`: every range whose text matches REGEX (e.g. `nvtx-re:^step\\[DECODE` for SGLang's decode spans of
+  every batch size);
 - `graph`: every cudaGraphLaunch on a thread opens a step that lasts until that thread's next graph launch, so the
-  non-graph kernels launched between replays (sampling, metadata) belong to the step they follow.
-- `whole`: the capture is one step.
-- `auto`: a repeating NVTX range that encloses most kernel launches (the outermost, e.g. `decode_step`), else graph
-  launches, else whole. `Steps.reason` says why.
+  non-graph kernels launched between replays (sampling, metadata) belong to the step they follow;
+- `whole`: the capture is one step;
+- `auto`, in this order: SGLang's decode spans (`step[DECODE bs=N]`, any N), with its prefill spans
+  (`step[EXTEND ...]`) left out and counted; torch's `ProfilerStep#N`; a repeating step-like NVTX range that
+  encloses most launched work and whose instances are alike (the same number of graph launches, about the same
+  number of ops: an instance unlike the others, such as a scheduler iteration that ran a prefill, is left out and
+  counted, and a range with many such instances is not a step); CUDA graph launches; else the whole capture.
+`Steps.reason` says which and why; `Steps.excluded` counts what was left out.
 GPU work belongs to a step through its launch call: the call starts inside the step's interval on the step's thread.
 """
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from profattr.attribute.nvtx import Ranges, enclosed, innermost
 from profattr.errors import ProfattrError
-from profattr.trace.reader import RUNTIME, Export, load_query
 
 STEP_NAME_HINT = re.compile(r"decode|step|forward|iteration|iter\b|batch", re.IGNORECASE)
+DECODE_SPAN = re.compile(r"^step\[DECODE bs=\d+\]$")  # SGLang's per-forward span (profile_utils.build_step_span_name)
+PREFILL_SPAN = re.compile(r"^step\[(EXTEND|PREFILL|MIXED|SPLIT_PREFILL|IDLE|TARGET_VERIFY|DRAFT_EXTEND)\b")
+PROFILER_STEP = re.compile(r"^ProfilerStep#\d+$")  # torch.profiler's schedule steps
 MIN_COVERAGE = 0.5  # an auto NVTX step candidate must enclose at least this share of launched GPU work
+MAX_ODD_SHARE = 0.25  # a candidate with more instances unlike the others than this is not a step
+OPS_TOLERANCE = 0.1  # an instance is "alike" when its op count is within 10% of the most common count
+MAX_CANDIDATES = 40
 
 
 @dataclass
 class Steps:
-    source: str  # "nvtx:NAME", "graph", "whole"
+    source: str  # "nvtx:NAME", "nvtx-re:REGEX", "graph", "whole"
     tid: np.ndarray  # launching thread of each step (-1 for whole)
     start: np.ndarray
     end: np.ndarray
     reason: str = ""
+    excluded: dict = field(default_factory=dict)  # what was left out: {"what": count}
 
     def __len__(self) -> int:
         return len(self.start)
 
-    def assign(self, launch_tid: np.ndarray, launch_ns: np.ndarray) -> np.ndarray:
-        """Step index per GPU op (-1 when its launch lies in no step)."""
+    def assign(self, launch_tid: np.ndarray, launch_ns: np.ndarray, launched: np.ndarray | None = None) -> np.ndarray:
+        """Step index per GPU op (-1 when its launch lies in no step, or was not recorded)."""
         if self.source == "whole":
             return np.zeros(len(launch_ns), dtype=np.int64)
-        return innermost(self.tid, self.start, self.end, launch_tid, launch_ns)
+        out = innermost(self.tid, self.start, self.end, launch_tid, launch_ns)
+        if launched is not None:
+            out[~launched] = -1
+        return out
+
+    def keep(self, mask: np.ndarray, what: str) -> "Steps":
+        """These steps without the ones where `mask` is False (counted in `excluded` under `what`)."""
+        dropped = int((~mask).sum())
+        excluded = dict(self.excluded)
+        if dropped:
+            excluded[what] = excluded.get(what, 0) + dropped
+        return Steps(self.source, self.tid[mask], self.start[mask], self.end[mask], self.reason, excluded)
 
 
-def graph_steps(export: Export) -> Steps | None:
+def _from_frame(sel, source: str, reason: str) -> Steps:
+    sel = sel.sort_values(["tid", "start"])
+    return Steps(source, sel["tid"].to_numpy(), sel["start"].to_numpy(), sel["end"].to_numpy(), reason=reason)
+
+
+def graph_steps(source) -> Steps | None:
     """Steps from cudaGraphLaunch calls; None when there are fewer than two."""
-    if not export.has(RUNTIME):
+    g = source.graph_launches()
+    if g is None or len(g["start"]) < 2:
         return None
-    g = export.arrays(load_query("graph_launches"), ["start", "end", "tid", "correlation"])
-    if len(g["start"]) < 2:
-        return None
-    starts, tids = g["start"], g["tid"]
+    order = np.lexsort((g["start"], g["tid"]))
+    starts, tids = g["start"][order], g["tid"][order]
     ends = np.empty_like(starts)
     same_next = np.zeros(len(starts), dtype=bool)
     same_next[:-1] = tids[1:] == tids[:-1]
@@ -67,9 +94,19 @@ def nvtx_steps(ranges: Ranges, name: str) -> Steps:
     if sel.empty:
         raise ProfattrError(f"no NVTX range named {name!r} in this capture; candidates: "
                             f"{', '.join(candidate_names(ranges)) or 'none (no NVTX ranges recorded)'}")
-    sel = sel.sort_values(["tid", "start"])
-    return Steps(f"nvtx:{name}", sel["tid"].to_numpy(), sel["start"].to_numpy(), sel["end"].to_numpy(),
-                 reason=f"{len(sel)} NVTX ranges named {name!r}")
+    return _from_frame(sel, f"nvtx:{name}", f"{len(sel)} NVTX ranges named {name!r}")
+
+
+def regex_steps(ranges: Ranges, pattern: str) -> Steps:
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        raise ProfattrError(f"--steps nvtx-re:{pattern}: not a valid regex ({exc})") from None
+    sel = ranges.named(pattern, regex=True) if len(ranges) else ranges.frame
+    if sel.empty:
+        raise ProfattrError(f"no NVTX range matches {pattern!r} in this capture; candidates: "
+                            f"{', '.join(candidate_names(ranges)) or 'none (no NVTX ranges recorded)'}")
+    return _from_frame(sel, f"nvtx-re:{pattern}", f"{len(sel)} NVTX ranges matching {pattern!r}")
 
 
 def candidate_names(ranges: Ranges, limit: int = 12) -> list:
@@ -80,25 +117,71 @@ def candidate_names(ranges: Ranges, limit: int = 12) -> list:
     return [str(n) for n in counts[counts >= 2].index[:limit]]
 
 
-def auto_steps(export: Export, ranges: Ranges, launch_tid: np.ndarray, launch_ns: np.ndarray) -> Steps:
+def _matching(ranges: Ranges, pattern: re.Pattern):
+    frame = ranges.frame
+    if not len(frame):
+        return frame
+    texts = frame["text"].astype(str)
+    return frame[texts.str.match(pattern.pattern)]
+
+
+def _span_steps(ranges: Ranges, ops) -> Steps | None:
+    """SGLang's decode spans, or torch's ProfilerStep ranges, that hold launched work; None when there are none."""
+    decode = _matching(ranges, DECODE_SPAN)
+    if len(decode) >= 2:
+        steps = _from_frame(decode, "nvtx-re:" + DECODE_SPAN.pattern,
+                            f"SGLang's decode spans step[DECODE bs=N]: {len(decode)} of them")
+        prefill = _matching(ranges, PREFILL_SPAN)
+        if len(prefill):
+            steps.excluded["prefill or other non-decode spans (step[EXTEND ...] etc.)"] = len(prefill)
+            steps.reason += f"; {len(prefill)} prefill/extend span(s) left out"
+        return steps
+    prof = _matching(ranges, PROFILER_STEP)
+    if len(prof) >= 2:
+        return _from_frame(prof, "nvtx-re:" + PROFILER_STEP.pattern,
+                           f"torch profiler steps ProfilerStep#N: {len(prof)} of them")
+    return None
+
+
+def _alike(ops, graph_launch_step: np.ndarray | None, index: np.ndarray, n: int) -> np.ndarray:
+    """Per instance (of n): is it like the others (graph launches and op count)?"""
+    counts = np.bincount(index[index >= 0], minlength=n)
+    ok = counts > 0
+    if ok.any():
+        values, freq = np.unique(counts[ok], return_counts=True)
+        mode = values[np.argmax(freq)]
+        ok &= np.abs(counts - mode) <= OPS_TOLERANCE * mode
+    if graph_launch_step is not None:
+        per = np.bincount(graph_launch_step[graph_launch_step >= 0], minlength=n)
+        if per.any():
+            values, freq = np.unique(per, return_counts=True)
+            ok &= per == values[np.argmax(freq)]
+    return ok
+
+
+def auto_steps(source, ranges: Ranges, ops) -> Steps:
     """Pick the step source as described in the module docstring."""
-    launched = launch_ns >= 0
+    spans = _span_steps(ranges, ops)
+    if spans is not None:
+        return spans
+    launched = ops.launched
     n_launched = int(launched.sum())
+    graphs = source.graph_launches()
     best = None
     if len(ranges) and n_launched:
         frame = ranges.frame
         counts = frame["text"].value_counts()
         names = [n for n in counts[counts >= 2].index]
-        # look at the step-like names first, then the longest-lasting; 40 candidates are plenty
         by_name = frame.groupby("text")
         total = by_name["end"].sum() - by_name["start"].sum()
         mean_len = total / by_name.size()
         rows_of = by_name.indices
+        # look at the step-like names first, then the longest-lasting
         names.sort(key=lambda n: (not STEP_NAME_HINT.search(str(n)), -int(total[n])))
-        sel = slice(None) if n_launched == len(launch_ns) else launched  # views, not copies, when possible
-        lt, ln = launch_tid[sel], launch_ns[sel]
+        sel = slice(None) if n_launched == len(launched) else launched  # views, not copies, when possible
+        lt, ln = ops.launch_tid[sel], ops.launch_ns[sel]
         tid, start, end = (frame[c].to_numpy() for c in ("tid", "start", "end"))
-        for name in names[:40]:
+        for name in names[:MAX_CANDIDATES]:
             if best is not None and best[2] == n_launched and mean_len[name] <= best[0][1]:
                 continue  # cannot beat a candidate that already encloses everything and lasts longer
             rows = rows_of[name]
@@ -108,14 +191,26 @@ def auto_steps(export: Export, ranges: Ranges, launch_tid: np.ndarray, launch_ns
                 best = (key, name, covered)
     if best is not None:
         steps = nvtx_steps(ranges, best[1])
-        steps.reason = (f"NVTX range {best[1]!r} repeats {len(steps)} times and encloses "
-                        f"{100.0 * best[2] / n_launched:.1f}% of launched GPU work")
-        return steps
-    g = graph_steps(export)
+        index = steps.assign(ops.launch_tid, ops.launch_ns, launched)
+        gl = steps.assign(graphs["tid"], graphs["start"]) if graphs is not None and len(graphs["start"]) else None
+        ok = _alike(ops, gl, index, len(steps))
+        odd = int((~ok).sum())
+        if odd <= MAX_ODD_SHARE * len(steps) and ok.any():
+            covered = 100.0 * best[2] / n_launched
+            steps = steps.keep(ok, f"{best[1]!r} instances unlike the others (prefill or other work)")
+            steps.reason = (f"NVTX range {best[1]!r} repeats {len(steps) + odd} times and encloses {covered:.1f}% "
+                            "of launched GPU work" + (f"; {odd} instance(s) unlike the others (another number of "
+                                                      "ops or graph launches: prefill or other work) left out"
+                                                      if odd else ""))
+            return steps
+        rejected = f"NVTX range {best[1]!r}: {odd} of {len(steps)} instances unlike the others (not decode steps)"
+    else:
+        rejected = "no repeating NVTX range encloses the GPU work"
+    g = graph_steps(source)
     if g is not None:
-        g.reason = f"no repeating NVTX range encloses the GPU work; {g.reason}"
+        g.reason = f"{rejected}; {g.reason}"
         return g
-    return whole_steps("no repeating NVTX range and fewer than two CUDA graph launches")
+    return whole_steps(f"{rejected}, and fewer than two CUDA graph launches")
 
 
 def whole_steps(reason: str = "requested") -> Steps:
@@ -123,18 +218,20 @@ def whole_steps(reason: str = "requested") -> Steps:
     return Steps("whole", z - 1, z, z + np.iinfo(np.int64).max, reason=reason)
 
 
-def find_steps(export: Export, spec: str, ranges: Ranges, launch_tid: np.ndarray, launch_ns: np.ndarray) -> Steps:
-    """Steps for a `--steps` value: auto | whole | graph | nvtx:NAME."""
+def find_steps(source, spec: str, ranges: Ranges, ops) -> Steps:
+    """Steps for a `--steps` value: auto | whole | graph | nvtx:NAME | nvtx-re:REGEX."""
     if spec == "auto":
-        return auto_steps(export, ranges, launch_tid, launch_ns)
+        return auto_steps(source, ranges, ops)
     if spec == "whole":
         return whole_steps()
     if spec == "graph":
-        g = graph_steps(export)
+        g = graph_steps(source)
         if g is None:
             raise ProfattrError("--steps graph: the capture has fewer than two cudaGraphLaunch calls; "
                                 "use --steps auto, whole or nvtx:NAME")
         return g
+    if spec.startswith("nvtx-re:") and len(spec) > 8:
+        return regex_steps(ranges, spec[8:])
     if spec.startswith("nvtx:") and len(spec) > 5:
         return nvtx_steps(ranges, spec[5:])
-    raise ProfattrError(f"--steps {spec!r}: expected auto, whole, graph or nvtx:NAME")
+    raise ProfattrError(f"--steps {spec!r}: expected auto, whole, graph, nvtx:NAME or nvtx-re:REGEX")

@@ -8,10 +8,12 @@ from pathlib import Path
 
 import click
 
-from profattr.capture import lint
 from profattr.capture import plan as capture_plan
 from profattr.capture import run as capture_run
 from profattr.capture.sglang import backend_help
+from profattr.check import FAIL, Finding, overall, render_table, to_json
+from profattr.check.locate import locate
+from profattr.check.run import check_capture
 
 FORMATS = click.Choice(["table", "json"])
 
@@ -132,24 +134,26 @@ def _batches(spec: str) -> tuple:
 
 def _print_check(run: dict) -> None:
     if run.get("check"):
-        click.echo(lint.render_table([lint.Finding(**f) for f in run["check"]["findings"]]))
+        click.echo(render_table([Finding(**f) for f in run["check"]["findings"]]))
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("capture_path", metavar="CAPTURE", type=click.Path(path_type=Path))
 @click.option("--format", "fmt", type=FORMATS, default="table", show_default=True)
-def check(capture_path, fmt):
+@click.option("--twin", type=click.Path(path_type=Path), metavar="CAPTURE",
+              help="an eager or torch-profiler capture of the same decode: kernels per step must agree")
+def check(capture_path, fmt, twin):
     """Is a capture trustworthy? Backend kernels present (and no other backend's), graph replays traced per node,
     every tensor-parallel device present, no first-call outliers in the window, profiler overhead, steps counted vs
     requested, NVTX recorded. CAPTURE is a capture folder, NAME.run.json, NAME.sqlite or NAME.nsys-rep.
 
     Exit status 1 when any check fails."""
-    cap, findings = lint.check_capture(capture_path)
+    cap, findings = check_capture(capture_path, twin=twin)
     if fmt == "json":
-        click.echo(json.dumps(lint.to_json(findings, cap), indent=2))
+        click.echo(json.dumps(to_json(findings, cap), indent=2))
     else:
-        click.echo(lint.render_table(findings))
-    sys.exit(1 if lint.overall(findings) == lint.FAIL else 0)
+        click.echo(render_table(findings))
+    sys.exit(1 if overall(findings) == FAIL else 0)
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -165,11 +169,11 @@ def doctor(nsys_path, skip_capture, fmt):
 
     findings = run_doctor(nsys_path, capture=not skip_capture)
     if fmt == "json":
-        click.echo(json.dumps({"schema": "profattr.doctor/1", "status": lint.overall(findings),
+        click.echo(json.dumps({"schema": "profattr.doctor/1", "status": overall(findings),
                                "findings": [f.to_dict() for f in findings]}, indent=2))
     else:
-        click.echo(lint.render_table(findings))
-    sys.exit(1 if lint.overall(findings) == lint.FAIL else 0)
+        click.echo(render_table(findings))
+    sys.exit(1 if overall(findings) == FAIL else 0)
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
@@ -211,7 +215,7 @@ def drill(capture_path, top, kernels, drill_steps, launch_count_opt, kernel_base
     from profattr.capture import ncu as ncu_tool
     from profattr.errors import ProfattrError
 
-    cap = lint.locate(capture_path)
+    cap = locate(capture_path)
     if cap.run is None or cap.run.get("target") != "sglang":
         raise ProfattrError(f"{capture_path}: a drill re-runs an SGLang capture made by `profattr capture` "
                             "(its NAME.run.json says how); this capture has no SGLang run.json")

@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 from profattr.capture import environment
-from profattr.capture import nsys as nsys_tool
-from profattr.capture.lint import FAIL, PASS, SKIP, WARN, Finding
+from profattr.tools import nsys as nsys_tool
+from profattr.check import FAIL, PASS, SKIP, WARN, Finding
 from profattr.capture.sglang import SGLANG_VERSION
 from profattr.errors import ProfattrError
 from profattr.trace.reader import load_query, open_export

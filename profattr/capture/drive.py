@@ -9,7 +9,7 @@ import subprocess
 import time
 from typing import Callable
 
-from profattr.capture import nsys as nsys_tool
+from profattr.tools import nsys as nsys_tool
 from profattr.capture import proc, sglang
 from profattr.capture.plan import Plan, Window, window_body
 
@@ -113,6 +113,9 @@ def profile_window(p: Plan, client, body: dict, w: Window, run: dict, echo: Echo
     window = run["window"]
     window["opened_utc_s"] = clock()
     if p.capture_range == "session":
+        # the window is the requests' whole decode: their prefill, then one step per token after the first
+        window["steps_requested"] = o.max_new_tokens
+        window["steps_note"] = "session window: the requests' prefill and all their decode steps"
         nsys_tool.session_call(nsys_tool.start_command(p.profile_cmd[0], p.session, p.nsys_output(w)))
         echo(f"window {w.name} open (nsys session)")
         results = sglang.run_concurrent(client, body, w.batch)

@@ -11,8 +11,11 @@ import os
 from pathlib import Path
 from typing import Callable
 
-from profattr.capture import lint, ncu
-from profattr.capture import nsys as nsys_tool
+from profattr.capture import ncu
+from profattr.check import overall
+from profattr.check.run import evaluate
+from profattr.check.timing import profiled_timing
+from profattr.tools import nsys as nsys_tool
 from profattr.capture import sglang
 from profattr.capture.drive import CLIENT_CAVEAT
 from profattr.capture.plan import SUFFIXES, Plan
@@ -108,17 +111,17 @@ def finish_outputs(p_dir: Path, name: str, run: dict, nsys_path: str | None, imp
         run["commands"]["ncu_export"] = [*ncu.export_command("ncu", ncu_report.name), ">", ncu_csv.name]
         ncu.export_csv(ncu_path, ncu_report, ncu_csv)
     traces = sglang.trace_files(p_dir, name) if p_dir.is_dir() else []
-    readable = sqlite if sqlite.exists() else (traces[0] if traces else None)
+    readable = sqlite if sqlite.exists() else (traces[0] if len(traces) == 1 else p_dir if traces else None)
     if readable is not None and run.get("profiler") != "ncu":
         try:
-            findings, budget = lint.evaluate(readable, run)
+            findings, budget = evaluate(readable, run)
         except ProfattrError as exc:
             if readable == sqlite:
                 raise
             run["notes"].append(f"not checked here: {exc.format_message()}")
         else:
             record_profiled_timing(run, budget)
-            run["check"] = {"status": lint.overall(findings), "findings": [x.to_dict() for x in findings]}
+            run["check"] = {"status": overall(findings), "findings": [x.to_dict() for x in findings]}
     files = {kind: f(kind).name for kind in SUFFIXES if f(kind).exists() or kind == "run"}
     log = run.get("files", {}).get("log")
     if log and (p_dir / log).exists():
@@ -136,6 +139,6 @@ def record_profiled_timing(run: dict, budget) -> None:
         # written before the capture was measured: the SGLang driver's client-side figure
         timing["ms_per_token_profiled_client"] = timing.pop("ms_per_token_profiled")
         timing.setdefault("profiled_client_caveat", CLIENT_CAVEAT)
-    measured = lint.profiled_timing(budget)
+    measured = profiled_timing(budget)
     if measured:
         timing.update(measured)

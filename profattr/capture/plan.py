@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from profattr.capture import ncu
-from profattr.capture import nsys as nsys_tool
+from profattr.tools import nsys as nsys_tool
 from profattr.capture import sglang
 from profattr.errors import ProfattrError
 

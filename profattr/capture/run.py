@@ -17,12 +17,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-from profattr.capture import environment, lint, proc, serverlog
-from profattr.capture import nsys as nsys_tool
+from profattr.capture import environment, proc, serverlog
+from profattr.tools import nsys as nsys_tool
 from profattr.capture import sglang
 from profattr.capture.drive import DriveError, drive_sglang
 from profattr.capture.outputs import finish_outputs, name_window_outputs, prepare_outputs, write_run
 from profattr.capture.plan import SCHEMA, SUFFIXES, Plan, Window, shell_join
+from profattr.check import FAIL
+from profattr.check.locate import load_run
 from profattr.errors import ProfattrError
 
 Echo = Callable[[str], None]
@@ -265,7 +267,7 @@ def _finish_window(p: Plan, w: Window, run: dict, done: bool, error, interrupted
         echo(f"nsys left {w.name}.qdstrm (no importer here): copy {o.out_dir} to a machine with a full Nsight "
              f"Systems and run `profattr capture --finish {o.out_dir} --name {w.name}`")
         return 0, None
-    failed = [f for f in (run["check"] or {}).get("findings", []) if f["status"] == lint.FAIL]
+    failed = [f for f in (run["check"] or {}).get("findings", []) if f["status"] == FAIL]
     for f in failed:
         echo(f"check failed ({w.name}): {f['check']}: {f['message']}")
     return (1 if failed else 0), None
@@ -353,7 +355,7 @@ def finish(path, name: str | None, nsys_explicit: str | None, force: bool, echo:
             raise ProfattrError(f"{path}: need exactly one NAME.run.json (or one bare NAME.qdstrm) to finish (found "
                                 f"{found}); give --name or the file itself")
         run_path = runs[0]
-    run = lint.load_run(run_path)
+    run = load_run(run_path)
     name = run_path.name[: -len(".run.json")]
     return _finish_run(run_path, run, name, nsys_explicit, force, echo)
 
@@ -380,7 +382,7 @@ def _finish_run(run_path: Path, run: dict, name: str, nsys_explicit: str | None,
     run["finished_with"] = {"nsys": "nsys", "version": tool.version, "source": tool.source,
                             "importer": nsys_tool.IMPORTER_NAME if tool.importer else None, "finished_utc": _utc()}
     log = run_path.parent / (run.get("files") or {}).get("log", name + ".log")
-    if log.is_file() and run.get("target") == "sglang" and "server_log" not in run:
+    if log.is_file() and run.get("target") == "sglang":  # re-read: what the log says is re-derived each time
         run["server_log"] = serverlog.for_window(serverlog.read_log(log), run.get("window", {}))
     finish_outputs(run_path.parent, name, run, tool.path, tool.importer, echo, force=force)
     if run.get("status") == "needs_import" and (run_path.parent / (name + SUFFIXES["report"])).exists():
@@ -388,4 +390,4 @@ def _finish_run(run_path: Path, run: dict, name: str, nsys_explicit: str | None,
     write_run(run_path, run)
     files = [v if isinstance(v, str) else ", ".join(v) for v in run["files"].values()]
     echo(f"{run_path.parent}/ holds {', '.join(files)}")
-    return run, 1 if run.get("check") and run["check"]["status"] == lint.FAIL else 0
+    return run, 1 if run.get("check") and run["check"]["status"] == FAIL else 0

@@ -8,7 +8,9 @@ What SGLang 0.5.16 prints, and where (python/sglang/srt/...):
   fused_moe_triton_config.py) when no tuned Triton MoE config exists for the shape and GPU, and "Fallback to
   triton version ..." when one from another Triton version is used;
 - "Capture ... CUDA graph begin. ... bs=[...]" (model_executor) when decode runs under CUDA graphs;
-- log lines start with `[YYYY-MM-DD HH:MM:SS]` (with ` TPn` etc. in multi-rank servers).
+- log lines start with `[YYYY-MM-DD HH:MM:SS]` (with ` TPn` etc. in multi-rank servers); a traceback is one
+  event (its exception line); the 500 that `/stop_profile` answers once `num_steps` closed the window is profattr's
+  own request, counted apart (`own_request`), not a server error.
 Times are read as UTC (the server's clock, as written); events are matched to a window by its recorded times.
 """
 from __future__ import annotations
@@ -34,14 +36,21 @@ KEY_ARGS = ("moe_runner_backend", "fp8_gemm_runner_backend", "fp4_gemm_runner_ba
 EVENTS = (
     ("default_kernel_config", re.compile(r"Using default \w[\w ]* (?:kernel )?config|Performance might be sub-optimal",
                                          re.IGNORECASE)),
-    ("fallback", re.compile(r"\bfall(?:ing)? ?back\b|\bfallback\b", re.IGNORECASE)),
+    # a kernel or backend fallback (not SGLang's "fallback token IDs", which only names the yes/no tokens)
+    ("fallback", re.compile(r"\bfall(?:ing)? ?back\b(?! token IDs)|\bfallback\b(?! token IDs)", re.IGNORECASE)),
     ("jit_compile", re.compile(r"\bJIT\b|\bcompil(?:e|ing|ation)\b|\bnvcc\b|\bautotun", re.IGNORECASE)),
     ("cuda_graph", re.compile(r"CUDA graph", re.IGNORECASE)),
     ("error", re.compile(r"Traceback \(most recent call last\)|\bError\b:|\bERROR\b|out of memory")),
     ("warning", re.compile(r"\bWARNING\b|\bWarning:|\bwarn\b", re.IGNORECASE)),
 )
 GRAPH_CAPTURE = re.compile(r"Capture (?:target )?decode CUDA graph begin\b.*?\bbs=\[([0-9, ]*)\]", re.IGNORECASE)
-CONFIG_FILE = re.compile(r"configs/[\w./-]*?/(E=[^/\s]+?\.json)")
+DEFAULT_CONFIG = re.compile(r"Using default (.+?) (?:kernel )?config\b", re.IGNORECASE)
+CONFIG_FILE = re.compile(r"configs/(?:[^/\s]+/)*([^/]+?\.json)")
+TRACEBACK = "Traceback (most recent call last)"
+ASGI_HEADER = "Exception in ASGI application"
+# exceptions the capture driver itself provokes: /stop_profile after num_steps closed the window answers 500,
+# and the SIGINT that stops the server at the end of a capture
+OWN_REQUESTS = re.compile(r"Profiling is not in progress|^KeyboardInterrupt")
 MAX_EVENTS_PER_KIND = 20
 
 
@@ -65,21 +74,50 @@ def _parse_args(text: str) -> dict:
     return out
 
 
+def _blocks(text: str):
+    """(time, body) per log entry: a traceback becomes one entry, its exception line, at the time of the line
+    before it (tracebacks carry no stamp)."""
+    lines = [ANSI.sub("", raw).rstrip() for raw in text.splitlines()]
+    t = None
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        i += 1
+        if not line.strip():
+            continue
+        stamp = STAMP.match(line)
+        if stamp:
+            t = timegm(tuple(int(x) for x in stamp.groups()) + (0, 0, 0))
+        body = line[stamp.end():] if stamp else line.strip()
+        if ASGI_HEADER in body and i < len(lines) and TRACEBACK in lines[i]:
+            continue  # the header of the traceback that follows
+        if TRACEBACK in body:
+            while i < len(lines) and (not lines[i].strip() or lines[i][:1].isspace()):
+                i += 1
+            if i < len(lines) and TRACEBACK in lines[i]:
+                continue  # two processes' tracebacks interleaved: the next one ends with the exception
+            exception = lines[i].strip() if i < len(lines) else "Traceback (no exception line)"
+            i += 1
+            yield t, ("own_request", exception) if OWN_REQUESTS.search(exception) else ("traceback", exception)
+            continue
+        yield t, (None, body)
+
+
 def parse(text: str) -> dict:
     """Evidence from log text (see the module docstring): resolved server args, CUDA-graph use, and the events
     of each kind (first lines, with their time), with counts."""
     server_args: dict = {}
     graph_bs: list = []
     events: dict = {kind: [] for kind, _ in EVENTS}
-    counts: dict = {kind: 0 for kind, _ in EVENTS}
+    events["own_request"] = []
+    counts: dict = {kind: 0 for kind in events}
     configs: set = set()
-    for raw in text.splitlines():
-        line = ANSI.sub("", raw).rstrip()
-        if not line.strip():
+    for t, (tag, body) in _blocks(text):
+        if tag == "own_request":
+            counts["own_request"] += 1
+            if len(events["own_request"]) < MAX_EVENTS_PER_KIND:
+                events["own_request"].append({"time_utc_s": t, "text": body[:300]})
             continue
-        stamp = STAMP.match(line)
-        t = timegm(tuple(int(x) for x in stamp.groups()) + (0, 0, 0)) if stamp else None
-        body = line[stamp.end():] if stamp else line.strip()
         m = SERVER_ARGS.search(body)
         if m:
             if not server_args:
@@ -88,14 +126,15 @@ def parse(text: str) -> dict:
         g = GRAPH_CAPTURE.search(body)
         if g:
             graph_bs = sorted({int(x) for x in g.group(1).replace(" ", "").split(",") if x})
-        for kind, pattern in EVENTS:
-            if pattern.search(body):
-                counts[kind] += 1
-                if kind == "default_kernel_config":
-                    configs.update(CONFIG_FILE.findall(body))
-                if len(events[kind]) < MAX_EVENTS_PER_KIND:
-                    events[kind].append({"time_utc_s": t, "text": body[:300]})
-                break
+        kinds = ["error"] if tag == "traceback" else [k for k, pattern in EVENTS if pattern.search(body)][:1]
+        for kind in kinds:
+            counts[kind] += 1
+            if kind == "default_kernel_config":
+                what = DEFAULT_CONFIG.search(body)
+                for f in CONFIG_FILE.findall(body):
+                    configs.add(f"{what.group(1)}: {f}" if what else f)
+            if len(events[kind]) < MAX_EVENTS_PER_KIND:
+                events[kind].append({"time_utc_s": t, "text": body[:300]})
     resolved = {k: server_args.get(k) for k in ("moe_runner_backend", "fp8_gemm_runner_backend",
                                                 "attention_backend", "sampling_backend") if k in server_args}
     graphs = None

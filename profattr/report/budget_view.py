@@ -37,12 +37,21 @@ def _placement_lines(budget: dict) -> list:
     return [f"note: {placement['hint']}"] if placement.get("hint") else []
 
 
+def capture_tool(cap: dict) -> str:
+    """What recorded the capture, in a few words."""
+    if cap.get("format") == "torch":
+        return cap.get("profiler_version") or "torch profiler"
+    return f"nsys {cap.get('nsys_version') or '?'}"
+
+
 def render_table(budget: dict, top: int = TOP_KERNELS) -> str:
     lines = []
     cap = budget["capture"]
     steps = budget["steps"]
-    lines.append(f"capture: {cap['path']}  (nsys {cap.get('nsys_version') or '?'})")
+    lines.append(f"capture: {cap['path']}  ({capture_tool(cap)})")
     lines.append(f"steps:   {steps['source']} x{steps['count']}  ({steps.get('reason', '')})")
+    for what, n in (steps.get("excluded") or {}).items():
+        lines.append(f"  left out: {n} {what}")
     if budget.get("nvtx_context"):
         lines.append(f"nvtx context: {budget['nvtx_context']}")
     lines.extend(_placement_lines(budget))

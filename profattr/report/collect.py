@@ -101,7 +101,7 @@ def lint_findings(path: Path, run: Optional[dict]):
     if isinstance(recorded, dict) and isinstance(recorded.get("findings"), list):
         return [f for f in recorded["findings"] if isinstance(f, dict)], "run.json", None
     try:
-        from profattr.capture.lint import check_capture
+        from profattr.check.run import check_capture
 
         _, findings = check_capture(path)
     except ProfattrError as exc:
@@ -183,7 +183,7 @@ def _rule_for(ruleset, kernel: dict):
 def collect_report(paths: Sequence, labels: Optional[Sequence[str]] = None, steps: str = "auto",
                    rules: Sequence = (), hardware: Optional[str] = None, samples: int = BOOTSTRAP_SAMPLES,
                    changed: Optional[str] = None, force_export: bool = False,
-                   mappings: Optional[dict] = None) -> ReportData:
+                   mappings: Optional[dict] = None, skip_steps=None) -> ReportData:
     """Budgets, launch stats, lint findings and gaps of every capture; diffs of each against the first; the ranked
     bottlenecks; the taxonomy evidence. Captures are .sqlite exports or .nsys-rep reports; `mappings` gives a
     capture (as passed) an eager twin that lends NVTX context to its replayed graph kernels."""
@@ -194,6 +194,7 @@ def collect_report(paths: Sequence, labels: Optional[Sequence[str]] = None, step
         path = Path(given)
         run, run_path, run_note = read_run(path)
         budget = compute_budget(path, steps=steps, rules=rules, force=force_export, keep_attribution=True,
+                                skip_steps=skip_steps,
                                 mapping=(mappings or {}).get(given))
         launches = launch_stats(budget)
         budget.attribution = None  # the arrays are no longer needed; the diff needs only the per-step tables

@@ -112,7 +112,7 @@ def _mapping_pairs(mappings, captures) -> dict:
               help="Lend NVTX context (layers, context rules) to CAPTURE's replayed graph kernels from EAGER, an eager "
                    "capture of the same workload (as `profattr budget --mapping`). Repeatable.")
 @click.option("--force", is_flag=True, help="Overwrite an existing report (report.md and charts) in the folder.")
-def report(captures, output, steps, rules, hardware, labels, changed, samples, mappings, force):
+def report(captures, output, steps, skip_steps, rules, hardware, labels, changed, samples, mappings, force):
     """Write the bottleneck report of CAPTURES to OUTPUT/report.md, with PNG charts.
 
     CAPTURES are Nsight Systems SQLite exports or .nsys-rep reports; the first is the baseline every other
@@ -129,7 +129,8 @@ def report(captures, output, steps, rules, hardware, labels, changed, samples, m
     label_list = [x.strip() for x in labels.split(",")] if labels else None
     if label_list is not None and not all(label_list):
         raise ProfattrError(f"--labels {labels!r}: a label is empty; give one non-empty name per capture")
-    data = collect_report(list(captures), labels=label_list, steps=steps, rules=rules, hardware=hardware,
+    data = collect_report(list(captures), labels=label_list, steps=steps, skip_steps=skip_steps, rules=rules,
+                          hardware=hardware,
                           samples=BOOTSTRAP_SAMPLES if samples is None else samples, changed=changed,
                           mappings=_mapping_pairs(mappings, captures))
     data.command = _command_line(captures, output, steps, rules, hardware, labels, samples, changed, mappings)

@@ -1,8 +1,8 @@
 """Idle and launch analysis of a budget: how the GPU's idle time inside a step is spread, and how work was launched.
 
 Per device, over the budget's steps:
-- launches per step by kind (CUDA-graph launches, kernel launches, memory calls, synchronizations), counted in SQL
-  (`queries/report_launches_per_step.sql`) from the CUDA API calls on the step's thread;
+- launches per step by kind (CUDA-graph launches, kernel launches, memory calls, synchronizations), counted from the
+  CUDA API calls on the step's thread (the reader's `api_calls()`);
 - GPU ops per step replayed from a CUDA graph (a graph node id) or launched one by one;
 - the gaps between consecutive GPU ops of a step (start minus the latest end so far, when positive): their sum is
   the budget's idle time; each gap is charged to the op that ends it (graph-replayed or eager), which separates
@@ -10,13 +10,10 @@ Per device, over the budget's steps:
 """
 from __future__ import annotations
 
-import json
-
 import numpy as np
 
 from profattr.attribute.budget import Budget
-from profattr.errors import ProfattrError
-from profattr.trace.reader import RUNTIME, load_query, open_export
+from profattr.trace.source import open_trace
 
 NS_PER_MS = 1e6
 NS_PER_US = 1e3
@@ -39,25 +36,23 @@ def launch_stats(budget: Budget) -> list:
 
 
 def _calls_per_step(budget: Budget) -> np.ndarray | None:
-    """Array steps x (graph, kernel, memory, sync, sync_ns) of CUDA API calls; None without a runtime table."""
+    """Array steps x (graph, kernel, memory, sync, sync_ns) of CUDA API calls; None without recorded calls.
+
+    A call belongs to the step whose interval on its thread holds the call's start (Steps.assign), as GPU work
+    belongs to the step of its launch."""
     st = budget.attribution.steps
     n = len(st)
-    with open_export(budget.path) as export:
-        if not export.has(RUNTIME) or n == 0:
-            return None
-        any_thread = st.source == "whole"
-        order = np.lexsort((st.start, st.tid))  # the query wants steps sorted by thread, then start
-        steps_json = json.dumps([[int(st.tid[i]), int(st.start[i]), int(st.end[i])] for i in order])
-        try:
-            rows = export.query(load_query("report_launches_per_step"),
-                                {"steps": steps_json, "any_thread": int(any_thread)})
-        except ProfattrError as exc:  # e.g. an SQLite without JSON functions: report without launch counts
-            if "json" in str(exc).lower():
-                return None
-            raise
+    with open_trace(budget.path) as source:
+        api = source.api_calls()
+    if n == 0 or not len(api["kind"]):
+        return None
+    step = st.assign(api["tid"], api["start"])
+    ok = step >= 0
+    step, kind, dur = step[ok], api["kind"][ok], (api["end"] - api["start"])[ok]
     counts = np.zeros((n, 5), dtype=np.float64)
-    for pos, *values in rows:
-        counts[order[int(pos)]] = values
+    for k in range(4):
+        counts[:, k] = np.bincount(step[kind == k], minlength=n)[:n]
+    counts[:, 4] = np.bincount(step[kind == 3], weights=dur[kind == 3], minlength=n)[:n]
     return counts
 
 

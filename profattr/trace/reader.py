@@ -35,7 +35,8 @@ def load_query(name: str, **fragments: str) -> str:
 
 @dataclass
 class Export:
-    """A read-only view of one nsys SQLite export."""
+    """A read-only view of one nsys SQLite export, and the reader interface every capture format offers:
+    ops(), ranges(), graph_launches(), node_creation(), api_calls(), kernel_configs(), strings(ids), gpus."""
 
     path: Path
     conn: sqlite3.Connection
@@ -43,6 +44,51 @@ class Export:
     schema_version: str | None = None
     nsys_version: str | None = None
     _columns: dict = field(default_factory=dict, repr=False)
+    format = "nsys"
+
+    @property
+    def tool_version(self) -> str | None:
+        return self.nsys_version
+
+    # --- the reader interface (the SQL lives in queries/, the array work in nsys_tables.py) -------------------
+    def ops(self, include_memory: bool = True):
+        from profattr.trace.nsys_tables import load_ops
+
+        return load_ops(self, include_memory)
+
+    def ranges(self):
+        from profattr.trace.nsys_tables import load_ranges
+
+        return load_ranges(self)
+
+    def graph_launches(self):
+        from profattr.trace.nsys_tables import graph_launches
+
+        return graph_launches(self)
+
+    def node_creation(self):
+        from profattr.trace.nsys_tables import node_creation
+
+        return node_creation(self)
+
+    def kernel_configs(self) -> dict:
+        """Every kernel's device, demangled-name id, grid and block, start and duration (ns)."""
+        cols = ["device", "name", "gx", "gy", "gz", "bx", "by", "bz", "start", "duration"]
+        if not self.has(KERNEL):
+            return {c: np.zeros(0, dtype=np.int64) for c in cols}
+        return self.arrays(load_query("check_kernel_sequence"), cols)
+
+    def api_keys(self) -> np.ndarray:
+        """process << 32 | correlationId of every recorded CUDA call (for the completeness check)."""
+        if not self.has(RUNTIME):
+            return np.zeros(0, dtype=np.int64)
+        return self.arrays(load_query("runtime_correlation"), ["key"], max_rows=self.count(RUNTIME))["key"]
+
+    def api_calls(self) -> dict:
+        """CUDA calls that launch, copy or wait: arrays tid, start, end, kind (0 graph, 1 kernel, 2 memory, 3 sync)."""
+        if not self.has(RUNTIME):
+            return {k: np.zeros(0, dtype=np.int64) for k in ("tid", "start", "end", "kind")}
+        return self.arrays(load_query("api_calls"), ["tid", "start", "end", "kind"])
 
     def has(self, table: str) -> bool:
         return table in self.tables
@@ -191,22 +237,22 @@ def open_export(path) -> Export:
     return export
 
 
-def resolve_capture(path, force: bool = False, nsys: str | None = None) -> Path:
-    """The SQLite export for `path`: the file itself, or for a .nsys-rep the .sqlite beside it (exported with nsys
-    when missing or older than the report; an existing newer one is reused, an older one is replaced only with
-    `force`)."""
+def resolve_capture(path, force: bool = False, nsys: str | None = None, kind: str | None = None) -> Path:
+    """The SQLite export for `path`: the file itself, or for a .nsys-rep (by name, or `kind="report"` when its
+    content says so) the .sqlite beside it (exported with nsys when missing or older than the report; an existing
+    newer one is reused, an older one is replaced only with `force`)."""
     path = Path(path)
-    if path.suffix not in (".nsys-rep", ".qdrep"):
+    if path.suffix not in (".nsys-rep", ".qdrep") and kind != "report":
         return path
     if not path.exists():
         raise ProfattrError(f"{path}: no such file")
-    out = path.with_suffix(".sqlite")
+    out = path.with_suffix(".sqlite") if path.suffix in (".nsys-rep", ".qdrep") else path.with_name(path.name + ".sqlite")
     if out.exists() and out.stat().st_mtime >= path.stat().st_mtime:
         return out
     if out.exists() and not force:
         raise ProfattrError(f"{out} exists but is older than {path.name}; pass --force to export it again")
-    # The export stage belongs to capture; import lazily so analysis of .sqlite files never needs it.
-    from profattr.capture import nsys as nsys_tool
+    # running nsys is a tool wrapper both stages use; import lazily so analysis of .sqlite files never needs it
+    from profattr.tools import nsys as nsys_tool
 
     nsys_tool.export_sqlite(path, out, nsys=nsys, force=True)
     return out

@@ -1,74 +1,16 @@
-"""GPU work of a capture as flat arrays: kernels, memcpys and memsets, each linked to the CPU call that launched it.
-
-A GPU activity links to its launch through (process, correlationId): the runtime row with the same correlationId
-whose thread belongs to the activity's process (`globalPid == globalTid & ~0xFFFFFF`). Graph replays are one
-launch (`cudaGraphLaunch`) whose nodes all share its correlationId.
+"""Nsight Systems export tables as the reader's arrays: GPU ops joined to their launch calls, NVTX ranges, graph
+launches and graph-node creation, CUDA API calls, kernel launch configurations. SQL lives in queries/.
 """
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 
 from profattr.errors import ProfattrError
-from profattr.trace.reader import KERNEL, MEMCPY, MEMSET, RUNTIME, Export, load_query
-
-
-# Op kinds
-KIND_KERNEL, KIND_MEMCPY, KIND_MEMSET = 0, 1, 2
-
-COPY_KINDS = {0: "unknown", 1: "HtoD", 2: "DtoH", 3: "HtoA", 4: "AtoH", 5: "AtoA", 6: "AtoD", 7: "DtoA",
-              8: "DtoD", 9: "HtoH", 10: "PtoP"}
-
-
-@dataclass
-class Ops:
-    """One row per GPU activity, as parallel arrays, kept narrow (millions of rows).
-
-    `name_id` / `demangled_id` (int32) are StringIds ids for kernels; for memory ops they are negative codes
-    (-1 - copyKind for memcpy, -100 for memset). `launch_key` is (VM and process bits) << 32 | correlationId.
-    `launch_tid` / `launch_ns` are the launching thread and the start of the launch call (-1 when no launch call
-    was recorded).
-    """
-
-    start: np.ndarray  # int64 ns
-    end: np.ndarray  # int64 ns
-    device: np.ndarray  # int16
-    launch_key: np.ndarray  # int64
-    name_id: np.ndarray  # int32
-    demangled_id: np.ndarray  # int32
-    graph_node: np.ndarray  # int64, -1 outside graphs
-    stream: np.ndarray  # int32
-    kind: np.ndarray  # int8
-    launch_tid: np.ndarray  # int64
-    launch_ns: np.ndarray  # int64
-
-    def __len__(self) -> int:
-        return len(self.start)
-
-    @property
-    def correlation(self) -> np.ndarray:
-        return self.launch_key & LOW32
-
-    @property
-    def pid(self) -> np.ndarray:
-        """VM and process bits of the globalPid (globalPid >> 24)."""
-        return self.launch_key >> 32
-
-    @property
-    def duration_ns(self) -> np.ndarray:
-        return self.end - self.start
-
-    def take(self, index) -> "Ops":
-        return Ops(**{k: v[index] for k, v in self.__dict__.items()})
-
-
-def memop_name(code: int) -> str:
-    """Display name of a memory op's negative name code."""
-    if code == -100:
-        return "[CUDA memset]"
-    return f"[CUDA memcpy {COPY_KINDS.get(-1 - code, str(-1 - code))}]"
+from profattr.trace.ops import KIND_KERNEL, KIND_MEMCPY, KIND_MEMSET, LOW32, Ops
+from profattr.trace.reader import KERNEL, MEMCPY, MEMSET, NVTX, RUNTIME, Export, load_query
 
 
 def _optional(export: Export, table: str, alias: str) -> dict:
@@ -76,8 +18,7 @@ def _optional(export: Export, table: str, alias: str) -> dict:
             "stream_id": f"COALESCE({export.column_or(table, 'streamId', alias, '0')}, 0)"}
 
 
-PACKED_COLS = ["start", "end", "packed", "launch_key", "graph_node"]
-LOW32 = np.int64(0xFFFFFFFF)
+PACKED_COLS = ["start", "end", "device", "packed", "launch_key", "graph_node"]
 
 
 def load_ops(export: Export, include_memory: bool = True) -> Ops:
@@ -107,20 +48,20 @@ def load_ops(export: Export, include_memory: bool = True) -> Ops:
         kind[filled:filled + n] = code
         filled += n
     buf, kind = buf[:, :filled], kind[:filled]
-    start, end, packed, key, graph_node = buf
+    start, end, device, packed, key, graph_node = buf
     low = (packed & LOW32).astype(np.int32)
     # names: kernels carry their demangled-name id; memory ops get negative codes (see Ops)
     demangled_id = low
     is_copy, is_set = kind == KIND_MEMCPY, kind == KIND_MEMSET
     demangled_id[is_copy] = -1 - low[is_copy]
     demangled_id[is_set] = -100
-    device = (packed >> 56).astype(np.int16)
-    stream = ((packed >> 32) & 0xFFFFFF).astype(np.int32)
+    device = device.astype(np.int32)
+    stream = (packed >> 32).astype(np.int32)
     del packed, low
-    launch_tid, launch_ns = _join_launches(export, key)
+    launch_tid, launch_ns, launched = _join_launches(export, key)
     return Ops(start=start, end=end, device=device, launch_key=key, name_id=_short_names(export, demangled_id),
                demangled_id=demangled_id, graph_node=graph_node, stream=stream, kind=kind,
-               launch_tid=launch_tid, launch_ns=launch_ns)
+               launch_tid=launch_tid, launch_ns=launch_ns, launched=launched)
 
 
 def _short_names(export: Export, demangled_id: np.ndarray) -> np.ndarray:
@@ -137,7 +78,8 @@ def _short_names(export: Export, demangled_id: np.ndarray) -> np.ndarray:
 
 
 def _join_launches(export: Export, op_key: np.ndarray):
-    """For each activity, the thread and start time of its launch call (-1 when absent), by a sorted-key join.
+    """For each activity, the thread and start time of its launch call (-1 when absent) and whether one was found,
+    by a sorted-key join.
 
     key = (VM and process bits) << 32 | correlationId: correlationIds are 32-bit and unique within a process.
     """
@@ -145,7 +87,7 @@ def _join_launches(export: Export, op_key: np.ndarray):
     tid_out = np.full(n, -1, dtype=np.int64)
     ns_out = np.full(n, -1, dtype=np.int64)
     if not export.has(RUNTIME) or n == 0:
-        return tid_out, ns_out
+        return tid_out, ns_out, np.zeros(n, dtype=bool)
     # fast path: launch calls picked by API name (a handful of ids); then, exactly, by correlationId for whatever
     # is left (ops whose launch call lies before the capture window, or an API name not foreseen)
     name_ids = ",".join(str(int(r[0])) for r in export.query(load_query("launch_call_names")))
@@ -158,8 +100,8 @@ def _join_launches(export: Export, op_key: np.ndarray):
     if len(missing):
         calls = export.arrays(load_query("launch_calls_for"), ["key", "tid", "start"],
                               params=(json.dumps(missing.tolist()),))
-        _match(calls, op_key, tid_out, ns_out)
-    return tid_out, ns_out
+        found |= _match(calls, op_key, tid_out, ns_out)
+    return tid_out, ns_out, found
 
 
 def _match(calls: dict, op_key: np.ndarray, tid_out: np.ndarray, ns_out: np.ndarray) -> np.ndarray:
@@ -175,3 +117,55 @@ def _match(calls: dict, op_key: np.ndarray, tid_out: np.ndarray, ns_out: np.ndar
     tid_out[found] = calls["tid"][hit]
     ns_out[found] = calls["start"][hit]
     return found
+
+
+EMPTY_RANGES = {"start": np.int64, "end": np.int64, "tid": np.int64, "text": object, "domain": object}
+
+
+def empty_ranges() -> pd.DataFrame:
+    return pd.DataFrame({k: pd.Series([], dtype=v) for k, v in EMPTY_RANGES.items()})
+
+
+def load_ranges(export: Export) -> pd.DataFrame:
+    """Closed push/pop and start/end ranges: start, end, tid, text, domain (name or '')."""
+    if not export.has(NVTX):
+        return empty_ranges()
+    cols = export.columns(NVTX)
+    text_id = "n.textId" if "textId" in cols else "NULL"
+    same_thread = "n.endGlobalTid IS NULL" if "endGlobalTid" in cols else "1"
+    rows = export.query(load_query("nvtx_ranges", text_id=text_id, same_thread=same_thread))
+    if not rows:
+        return empty_ranges()
+    frame = pd.DataFrame(rows, columns=["start", "end", "tid", "text", "domain_id"])
+    domains = {(int(d), int(p)): t for d, p, t in export.query(load_query("nvtx_domains")) if t}
+    pid = frame["tid"].to_numpy() & ~0xFFFFFF
+    frame["domain"] = [domains.get((int(d), int(p)), "") if d else ""
+                       for d, p in zip(frame["domain_id"].to_numpy(), pid)] if domains else ""
+    return frame.drop(columns="domain_id")
+
+
+def graph_launches(export: Export) -> dict | None:
+    """cudaGraphLaunch calls as arrays start, end, tid, correlation (time order per thread); None without any."""
+    if not export.has(RUNTIME):
+        return None
+    g = export.arrays(load_query("graph_launches"), ["start", "end", "tid", "correlation"])
+    return g if len(g["start"]) else None
+
+
+NODE_TABLES = ("CUDA_GRAPH_NODE_EVENTS", "CUDA_GRAPH_EVENTS")  # the table was renamed in 2024.x exports
+
+
+def node_creation(export: Export) -> dict | None:
+    """Arrays (node, original, start, tid) of node-creation events, sorted by node id; None when absent."""
+    for table in NODE_TABLES:
+        if export.has(table) and {"graphNodeId", "originalGraphNodeId"} <= export.columns(table):
+            ev = export.arrays(load_query("graph_node_events", table=table), ["node", "original", "start", "tid"])
+            if len(ev["node"]):
+                # a node can have two events (its creation, and its cloning at instantiation, which names the
+                # original): per node, keep the event that points back to an original, so the chain continues
+                order = np.lexsort((-ev["original"], ev["node"]))
+                ev = {k: v[order] for k, v in ev.items()}
+                first = np.ones(len(ev["node"]), dtype=bool)
+                first[1:] = ev["node"][1:] != ev["node"][:-1]
+                return {k: v[first] for k, v in ev.items()}
+    return None

@@ -1,0 +1,169 @@
+"""Did the profiler keep everything it saw? A capture can look complete and not be: Nsight Systems 2023.4.4 on a
+CUDA 13 stack kept 50 of the 6,160 kernels of a GLM-5-shaped decode (and no graph launch), while every NVTX step
+range was recorded and its importer only said "Errors occurred while processing the raw events".
+
+- records: gaps in the correlation ids of each process's recorded CUDA calls far larger than the usual gap (dropped
+  records);
+- window_coverage: GPU activity that starts late or stops long before the window's other records (NVTX, CUDA calls)
+  end;
+- steps_with_gpu_work: step ranges that launched no GPU work at all;
+- graphs_recorded: the server log says decode ran under CUDA graphs, but the capture holds no graph launch;
+- profiler_version: an nsys known to lose records on the capture's CUDA driver; nsys's own warnings;
+- twin: kernels per step against an eager or torch-profiler twin of the same decode, when one is given.
+Each says the likely cause (old nsys for this CUDA, buffer loss, window closed early) and what to do.
+"""
+from __future__ import annotations
+
+from profattr.check import FAIL, PASS, SKIP, WARN, Finding, get
+from profattr.check.facts import correlation_gaps
+from profattr.tools.nsys import parse_version
+
+COVERAGE_FAIL = 0.5  # GPU activity covering less than half of the window's records
+COVERAGE_WARN = 0.75
+EMPTY_STEPS_FAIL = 0.25  # share of step ranges without GPU work
+TWIN_TOLERANCE = 0.05  # kernels per step may differ this much from the twin
+LOST_IDS_FAIL = 0.5  # correlation ids missing in big gaps, as a share of the id span
+# Nsight Systems releases seen losing records on a CUDA driver this new or newer (CUDA version as 1000 * major)
+LOSSY = [((2023, 4), 13000, "nsys 2023.4.4 kept 1% of a CUDA 13 decode's activity (50 of 6,160 kernels) here")]
+CAUSE = ("records were lost: an nsys too old for this CUDA (use 2024.2.3 or newer: scripts/install-nsys), a CUPTI "
+         "buffer that overflowed (--cuda-flush-interval), or a window closed early")
+
+
+def check_records(source) -> Finding:
+    gaps = correlation_gaps(source.api_keys())
+    if not gaps["processes"]:
+        return Finding("records", SKIP, "too few CUDA calls to check their correlation ids")
+    lost = gaps["ids_in_big_gaps"] / gaps["span"] if gaps["span"] else 0.0
+    data = dict(gaps, lost_share=lost)
+    if not gaps["big_gaps"]:
+        return Finding("records", PASS, f"correlation ids of the recorded CUDA calls run without big gaps (largest "
+                       f"{gaps['largest_gap']}, usual {gaps['usual_gap']})", data)
+    status = FAIL if lost > LOST_IDS_FAIL else WARN
+    return Finding("records", status, f"{gaps['big_gaps']} gap(s) in the correlation ids of the recorded CUDA calls, "
+                   f"{gaps['ids_in_big_gaps']} ids ({lost:.0%} of the span; largest gap {gaps['largest_gap']}, usual "
+                   f"{gaps['usual_gap']}): {CAUSE}", data)
+
+
+def check_window_coverage(ops, ranges, facts) -> Finding:
+    """GPU activity against the span of the window's other records (NVTX ranges and CUDA calls)."""
+    if not len(ops):
+        return Finding("window_coverage", SKIP, "no GPU work")
+    starts = [ops.start.min()]
+    ends = [ops.end.max()]
+    other_start, other_end = [], []
+    if len(ranges):
+        frame = ranges.frame
+        other_start.append(int(frame["start"].min()))
+        other_end.append(int(frame["end"].max()))
+    if len(facts.api["start"]):
+        other_start.append(int(facts.api["start"].min()))
+        other_end.append(int(facts.api["end"].max()))
+    if not other_start:
+        return Finding("window_coverage", SKIP, "no NVTX ranges or CUDA calls to compare the GPU work with")
+    w0, w1 = min(other_start + starts), max(other_end + ends)
+    g0, g1 = int(min(starts)), int(max(ends))
+    window_ms, gpu_ms = (w1 - w0) / 1e6, (g1 - g0) / 1e6
+    share = gpu_ms / window_ms if window_ms > 0 else 1.0
+    data = {"window_ms": window_ms, "gpu_ms": gpu_ms, "share": share, "gpu_starts_at_ms": (g0 - w0) / 1e6,
+            "gpu_ends_before_end_ms": (w1 - g1) / 1e6}
+    text = (f"GPU work spans {gpu_ms:.1f} ms of the window's {window_ms:.1f} ms of records ({share:.0%}; it starts "
+            f"at {data['gpu_starts_at_ms']:.1f} ms and stops {data['gpu_ends_before_end_ms']:.1f} ms before the end)")
+    if share >= COVERAGE_WARN:
+        return Finding("window_coverage", PASS, text, data)
+    return Finding("window_coverage", FAIL if share < COVERAGE_FAIL else WARN, f"{text}: {CAUSE}", data)
+
+
+def check_steps_with_work(budget) -> Finding:
+    if budget is None:
+        return Finding("steps_with_gpu_work", SKIP, "no budget")
+    if budget.steps_source in ("whole", "graph"):
+        return Finding("steps_with_gpu_work", SKIP, f"steps are {budget.steps_source}: defined by the GPU work")
+    total = budget.steps_count
+    with_work = int(budget.per_step["step"].nunique()) if len(budget.per_step) else 0
+    empty = total - with_work
+    data = {"steps": total, "with_gpu_work": with_work, "empty": empty}
+    text = f"{with_work} of {total} step ranges ({budget.steps_source}) launched GPU work"
+    if not empty:
+        return Finding("steps_with_gpu_work", PASS, text, data)
+    status = FAIL if empty > EMPTY_STEPS_FAIL * total else WARN
+    return Finding("steps_with_gpu_work", status, f"{text}; {empty} launched nothing: {CAUSE}", data)
+
+
+def check_graphs_recorded(run: dict | None, facts) -> Finding:
+    used = get(run, "server_log", "cuda_graph")
+    if not isinstance(used, dict):
+        return Finding("graphs_recorded", SKIP, "no server log evidence of CUDA-graph use")
+    n_graph = facts.calls[1]
+    if not used.get("decode"):
+        if n_graph:
+            return Finding("graphs_recorded", WARN, f"the server log says decode ran without CUDA graphs, yet the "
+                           f"capture holds {n_graph} graph launches", {"graph_launches": n_graph})
+        return Finding("graphs_recorded", PASS, "eager decode (the server log says CUDA graphs were off)")
+    sizes = used.get("batch_sizes") or []
+    if n_graph:
+        return Finding("graphs_recorded", PASS, f"the server captured decode graphs for batch sizes {sizes}; the "
+                       f"capture holds {n_graph} graph launches", {"graph_launches": n_graph, "batch_sizes": sizes})
+    return Finding("graphs_recorded", FAIL, f"the server captured decode CUDA graphs (batch sizes {sizes}), but the "
+                   f"capture holds no graph launch: {CAUSE}", {"graph_launches": 0, "batch_sizes": sizes})
+
+
+def _cuda_version(run: dict | None, source) -> int | None:
+    """The CUDA driver's version as 1000 * major + 10 * minor (13000 for 13.0), when recorded."""
+    if source.format == "nsys" and source.has("TARGET_INFO_SYSTEM_ENV"):
+        rows = source.query("SELECT value FROM TARGET_INFO_SYSTEM_ENV WHERE name = 'CudaDriverVersion'")
+        for (value,) in rows:
+            try:
+                return int(value)
+            except (TypeError, ValueError):
+                pass
+    version = get(run, "timing", "cuda_driver_version")
+    return int(version) if isinstance(version, int) else None
+
+
+def check_profiler_version(run: dict | None, source, facts) -> Finding:
+    if source.format != "nsys":
+        return Finding("profiler_version", SKIP, f"{source.tool_version}")
+    # the nsys that recorded (run.json); an export only names the nsys that exported it
+    recorded = get(run, "nsys", "version")
+    shown = recorded or source.nsys_version
+    version = parse_version(shown or "")
+    cuda = _cuda_version(run, source)
+    warnings = [text for sev, text in facts.diagnostics]
+    data = {"nsys": shown, "recorded_by": "run.json" if recorded else "export (the exporting nsys)",
+            "cuda_driver": cuda, "nsys_warnings": warnings}
+    for below, cuda_at_least, seen in LOSSY:
+        if version and tuple(version[:2]) <= below and cuda is not None and cuda >= cuda_at_least:
+            return Finding("profiler_version", WARN, f"recorded with nsys {shown} on a CUDA {cuda // 1000} driver: "
+                           f"{seen}; re-capture with nsys 2024.2.3 or newer (scripts/install-nsys)", data)
+    driver = [w for w in warnings if "not supported by this build" in w]
+    note = f"; nsys said: {driver[0]}" if driver else ""
+    return Finding("profiler_version", PASS, f"nsys {shown}"
+                   + (f" on a CUDA {cuda // 1000}.{cuda % 1000 // 10} driver" if cuda else "") + note, data)
+
+
+def check_twin(budget, twin_budget, twin_path: str | None) -> Finding:
+    if budget is None:
+        return Finding("twin", SKIP, "this capture has no steps to compare with a twin")
+    if twin_budget is None:
+        return Finding("twin", SKIP, "no twin capture given (--twin: an eager or torch-profiler capture of the same "
+                       "decode)")
+    rows = []
+    status = PASS
+    for d in budget.devices:
+        t = next((x for x in twin_budget.devices if x["device"] == d["device"]), None)
+        if t is None:
+            continue
+        rel = (d["kernels_per_step"] - t["kernels_per_step"]) / t["kernels_per_step"] if t["kernels_per_step"] else 0
+        rows.append({"device": d["device"], "kernels_per_step": d["kernels_per_step"],
+                     "twin_kernels_per_step": t["kernels_per_step"], "relative": rel})
+        if abs(rel) > TWIN_TOLERANCE:
+            status = FAIL
+    if not rows:
+        return Finding("twin", SKIP, f"{twin_path}: no device in common with this capture")
+    worst = max(rows, key=lambda r: abs(r["relative"]))
+    text = (f"{worst['kernels_per_step']:.1f} kernels per step vs {worst['twin_kernels_per_step']:.1f} in the twin "
+            f"{twin_path} ({worst['relative']:+.1%})")
+    if status == FAIL:
+        text += f": more than {TWIN_TOLERANCE:.0%} apart; one of the two lost records or ran other work"
+    return Finding("twin", status, text, {"devices": rows})
+

@@ -1,0 +1,103 @@
+"""Run every check on one capture, in a fixed order, reading it once."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from profattr.check import backend, completeness, recording, timing
+from profattr.check.facts import gather
+from profattr.check.locate import Capture, locate
+from profattr.errors import ProfattrError
+from profattr.trace.ops import Ops
+from profattr.trace.source import open_trace
+
+
+def _empty_ops() -> Ops:
+    z = np.zeros(0, dtype=np.int64)
+    return Ops(start=z, end=z, device=z.astype(np.int32), launch_key=z, name_id=z.astype(np.int32),
+               demangled_id=z.astype(np.int32), graph_node=z, stream=z.astype(np.int32), kind=z.astype(np.int8),
+               launch_tid=z, launch_ns=z)
+
+
+def _budget(source) -> tuple:
+    """(Budget or None, ops, ranges, why not)."""
+    from profattr.attribute.budget import budget_of
+    from profattr.attribute.nvtx import load_ranges
+
+    try:
+        budget = budget_of(source, "auto")
+    except ProfattrError as exc:
+        try:
+            ops = source.ops()
+        except ProfattrError:
+            ops = _empty_ops()
+        return None, ops, load_ranges(source), f"steps could not be counted: {exc.format_message()}"
+    att = budget.attribution
+    return budget, att.ops, att.ranges, None
+
+
+def evaluate(path, run: dict | None = None, twin=None) -> tuple:
+    """(findings, budget or None): all checks on one capture (and its run.json, when there is one), with the
+    per-step budget they used. `twin`: another capture of the same decode (eager or torch profiler) to compare
+    kernels per step with."""
+    with open_trace(path) as source:
+        budget, ops, ranges, why_not = _budget(source)
+        facts = gather(source, ops)
+        cuda = recording.traced_cuda(run, facts) is not False
+        findings = [recording.check_kernels(run, facts)]
+        if cuda:
+            findings += [recording.check_graph_nodes(facts),
+                         recording.check_devices(run, facts, len(source.gpus)),
+                         completeness.check_records(source),
+                         completeness.check_window_coverage(ops, ranges, facts),
+                         completeness.check_steps_with_work(budget),
+                         completeness.check_graphs_recorded(run, facts),
+                         completeness.check_profiler_version(run, source, facts),
+                         backend.check_backend(run, facts.names),
+                         backend.check_server_log(run),
+                         timing.check_first_calls(source, facts.devices, run),
+                         timing.check_steady_state(budget)]
+        findings.append(timing.check_overhead(run, budget))
+        if cuda:
+            findings.append(timing.check_steps(run, budget, why_not, facts.devices))
+        findings.append(recording.check_nvtx(run, facts))
+    if twin is not None:
+        from profattr.attribute.budget import compute_budget
+
+        findings.append(completeness.check_twin(budget, compute_budget(twin), str(twin)) if budget is not None
+                        else completeness.check_twin(None, None, str(twin)))
+    return findings, budget
+
+
+def run_checks(path, run: dict | None = None) -> list:
+    return evaluate(path, run)[0]
+
+
+def check_capture(path, twin=None) -> tuple:
+    """(Capture, findings) for a capture path; ProfattrError when there is nothing to check yet."""
+    cap: Capture = locate(path)
+    if cap.path is None:
+        status = (cap.run or {}).get("status")
+        if status == "needs_import":
+            raise ProfattrError(f"{cap.run_path}: the capture is a raw .qdstrm stream not yet turned into a report; "
+                                f"run `profattr capture --finish {cap.run_path.parent}` where QdstrmImporter exists")
+        raise ProfattrError(f"{cap.run_path}: no SQLite export or trace beside it (status {status!r}); nothing to "
+                            "check")
+    return cap, evaluate(cap.path, fresh_server_log(cap), twin=Path(twin) if twin else None)[0]
+
+
+def fresh_server_log(cap: Capture) -> dict | None:
+    """run.json with its server-log evidence read again from the log beside it (what the log says is re-derived
+    each time: the reading improves, the log does not change)."""
+    run = cap.run
+    log = (run or {}).get("files", {}).get("log") if isinstance((run or {}).get("files"), dict) else None
+    if not run or run.get("target") != "sglang" or not log or cap.run_path is None:
+        return run
+    path = cap.run_path.parent / log
+    if not path.is_file():
+        return run
+    from profattr.capture import serverlog
+
+    evidence = serverlog.read_log(path)
+    return dict(run, server_log=serverlog.for_window(evidence, run.get("window") or {})) if evidence else run
