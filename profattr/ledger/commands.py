@@ -84,7 +84,10 @@ def list_(ledger_path, fmt):
     from profattr.report.ledger_view import list_view
 
     rows = _read(ledger_path, lambda db, path: list_rows(db))
-    click.echo(json.dumps({"schema": "profattr.ledger.list/1", "entries": rows}, indent=2) if fmt == "json" else list_view(rows, fmt))
+    if fmt == "json":
+        click.echo(json.dumps({"schema": "profattr.ledger.list/1", "entries": rows}, indent=2))
+    else:
+        click.echo(list_view(rows, fmt))
 
 
 @ledger.command("show")
@@ -128,5 +131,7 @@ def trend(metric, ledger_path, fmt):
     from profattr.report.ledger_view import trend_view
 
     rows = _read(ledger_path, lambda db, path: trend_rows(db, metric, path))
-    click.echo(json.dumps({"schema": "profattr.ledger.trend/1", "metric": metric, "rows": rows},
-                                                     indent=2) if fmt == "json" else trend_view(rows, fmt))
+    if fmt == "json":
+        click.echo(json.dumps({"schema": "profattr.ledger.trend/1", "metric": metric, "rows": rows}, indent=2))
+    else:
+        click.echo(trend_view(rows, fmt))

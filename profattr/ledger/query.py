@@ -160,7 +160,8 @@ def show(db, entry: dict) -> dict:
             for g in db.query("SELECT * FROM gpus WHERE entry_id = ? ORDER BY position", [entry["id"]])]
     packages = {p["package"]: p["version"] for p in
                 db.query("SELECT package, version FROM packages WHERE entry_id = ? ORDER BY package", [entry["id"]])}
-    return {"schema": ENTRY_SCHEMA, "entry": facts, "gpus": gpus, "packages": packages, "budget": budget_dict(db, entry)}
+    return {"schema": ENTRY_SCHEMA, "entry": facts, "gpus": gpus, "packages": packages,
+            "budget": budget_dict(db, entry)}
 
 
 def trend(db, metric: str, path) -> list:

@@ -105,6 +105,14 @@ def add_captures(ledger_path, captures: Sequence, labels: Optional[Sequence[str]
     if len({x for x in labels if x is not None}) != len([x for x in labels if x is not None]):
         raise ProfattrError("--label: two captures were given the same label; labels name one entry each")
     db = open_ledger(ledger_path, missing_ok=True)
+    try:
+        return _add(db, ledger_path, captures, labels, steps, rules)
+    finally:
+        if db is not None:
+            db.close()
+
+
+def _add(db, ledger_path: Path, captures: Sequence, labels: list, steps: str, rules: Sequence) -> list:
     taxonomy = rules_sha256(rules)
     results, pending = [], []
     for given, label in zip(captures, labels):
@@ -128,9 +136,25 @@ def add_captures(ledger_path, captures: Sequence, labels: Optional[Sequence[str]
         results.append({"capture": str(given), "status": "added", "pending": item})
     if not pending:
         return results
-    if db is None:
-        db = create_ledger(ledger_path)
     now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    if db is None:
+        created = create_ledger(ledger_path)
+        try:
+            _write(created, ledger_path, pending, results, steps, rules, taxonomy, now)
+        finally:
+            created.close()
+            if ledger_path.exists() and ledger_path.stat().st_size == 0:  # rolled back: leave no empty file
+                ledger_path.unlink()
+    else:
+        _write(db, ledger_path, pending, results, steps, rules, taxonomy, now)
+    for r in results:
+        r.pop("pending", None)
+    return results
+
+
+def _write(db, ledger_path: Path, pending: list, results: list, steps: str, rules: Sequence, taxonomy: str,
+           now: str) -> None:
+    """All pending entries in one transaction (the tables too, when the ledger is new)."""
     with transaction(db, ledger_path):
         if "meta" not in db.table_names():
             create_tables(db, now, __version__)
@@ -143,9 +167,6 @@ def add_captures(ledger_path, captures: Sequence, labels: Optional[Sequence[str]
             for r in results:
                 if r.get("pending") is item:
                     r.update(entry_id=entry_id, label=label)
-    for r in results:
-        r.pop("pending", None)
-    return results
 
 
 def _existing(db, sha: str, steps: str, taxonomy: str) -> Optional[dict]:

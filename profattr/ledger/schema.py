@@ -140,8 +140,12 @@ def open_ledger(path, missing_ok: bool = False):
         if fh.read(len(SQLITE_MAGIC)) != SQLITE_MAGIC:
             raise ProfattrError(f"{path}: not a profattr ledger (not a SQLite file)")
     db = _database(path)
-    with sqlite_errors(path):
-        check_schema(db, path)
+    try:
+        with sqlite_errors(path):
+            check_schema(db, path)
+    except ProfattrError:
+        db.close()
+        raise
     return db
 
 

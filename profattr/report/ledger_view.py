@@ -99,17 +99,18 @@ def show_view(shown: dict, fmt: str) -> str:
         lines += [f"- {md_escape(k)}: {md_escape(v)}" for k, v in facts]
         return "\n".join(lines + ["", budget_view.render_markdown(shown["budget"])])
     width = max(len(k) for k, _ in facts)
-    return "\n".join([f"{k + ':':<{width + 1}} {v}" for k, v in facts] + ["", budget_view.render_table(shown["budget"])])
+    lines = [f"{k + ':':<{width + 1}} {v}" for k, v in facts]
+    return "\n".join(lines + ["", budget_view.render_table(shown["budget"])])
 
 
 def trend_view(rows: list, fmt: str) -> str:
-    columns = [("entry_id", "entry"), ("label", "label"), ("device", "GPU"), ("value", rows[0]["unit"] if rows else
-                                                                               "value"),
-               ("change_vs_first", "change vs first")]
+    """`ledger trend`: one row per entry (and GPU); the value's unit heads its column (CSV: a column of its own)."""
     if fmt == "csv":
-        columns = [("entry_id", ""), ("label", ""), ("device", ""), ("metric", ""), ("value", ""), ("unit", ""),
-                   ("change_vs_first", "")]
-    return render_rows(rows, columns, fmt)
+        keys = ("entry_id", "label", "device", "metric", "value", "unit", "change_vs_first")
+        return render_rows(rows, [(k, "") for k in keys], fmt)
+    unit = rows[0]["unit"] if rows else "value"
+    return render_rows(rows, [("entry_id", "entry"), ("label", "label"), ("device", "GPU"), ("value", unit),
+                              ("change_vs_first", "change vs first")], fmt)
 
 
 def compare_view(diff: dict, fmt: str) -> str:
@@ -117,8 +118,8 @@ def compare_view(diff: dict, fmt: str) -> str:
     if fmt == "markdown":
         return diff_view.render_markdown(diff, a_label=diff["a"]["label"], b_label=diff["b"]["label"])
     if fmt != "csv":
-        head = f"A: entry {diff['a']['entry']} ({diff['a']['label']})\nB: entry {diff['b']['entry']} ({diff['b']['label']})"
-        return head + "\n" + diff_view.render_table(diff)
+        head = [f"{k.upper()}: entry {diff[k]['entry']} ({diff[k]['label']})" for k in ("a", "b")]
+        return "\n".join(head + [diff_view.render_table(diff)])
     rows = []
     for d in diff["devices"]:
         for c in d["components"]:
