@@ -22,6 +22,7 @@ COMMANDS = {
     "limit": "profattr.limits.commands:limit",
     "gap": "profattr.limits.commands:gap",
     "report": "profattr.report.commands:report",
+    "ledger": "profattr.ledger.commands:ledger",
 }
 
 

@@ -50,6 +50,8 @@ class ReportData:
     command: str = ""
     hardware: Optional[str] = None
     charts: dict = field(default_factory=dict)  # role -> file name inside the output folder
+    campaign: Optional[list] = None  # ledger entries for the Campaign section (report/campaign.py), with --ledger
+    campaign_ledger: Optional[str] = None  # the ledger's path, as given
 
 
 def default_labels(names: Sequence[str]) -> list:

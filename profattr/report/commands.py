@@ -9,6 +9,7 @@ import click
 
 from profattr.attribute.commands import rules_option, steps_option
 from profattr.errors import ProfattrError
+from profattr.report.campaign import CAMPAIGN_CHART
 
 REPORT_FILE = "report.md"
 CATEGORY_CHART = "categories.png"
@@ -24,6 +25,8 @@ def chart_slug(label: str) -> str:
 def output_files(data) -> dict:
     """role -> file name of every chart the report will write (the gap chart only where a gap was computed)."""
     files = {"categories": CATEGORY_CHART, "launches": LAUNCH_CHART}
+    if getattr(data, "campaign", None):
+        files["campaign"] = CAMPAIGN_CHART
     used = set(files.values())
     for cap in data.captures:
         if cap.gap is not None:
@@ -42,6 +45,7 @@ def write_report(data, out_dir: Path, force: bool = False) -> list:
     file without `force`."""
     from profattr.limits.chart import write_gap_chart
     from profattr.report import charts
+    from profattr.report.campaign import write_campaign_chart
     from profattr.report.markdown import render_report
 
     files = output_files(data)
@@ -53,6 +57,8 @@ def write_report(data, out_dir: Path, force: bool = False) -> list:
     inputs = [c.as_input() for c in data.captures]
     charts.write_category_chart(inputs, out_dir / files["categories"])
     charts.write_launch_chart(inputs, out_dir / files["launches"])
+    if "campaign" in files:
+        write_campaign_chart(data.campaign, out_dir / files["campaign"])
     for cap in data.captures:
         role = f"gap:{cap.label}"
         if role in files:
@@ -62,8 +68,11 @@ def write_report(data, out_dir: Path, force: bool = False) -> list:
     return targets
 
 
-def _command_line(captures, output, steps, rules, hardware, labels, samples, changed, mappings=()) -> str:
+def _command_line(captures, output, steps, rules, hardware, labels, samples, changed, mappings=(),
+                  ledger=None) -> str:
     args = ["profattr", "report", *map(str, captures), "-o", str(output)]
+    if ledger is not None:
+        args += ["--ledger", str(ledger)]
     for m in mappings:
         args += ["--mapping", m]
     if steps != "auto":
@@ -95,7 +104,7 @@ def _mapping_pairs(mappings, captures) -> dict:
 
 
 @click.command()
-@click.argument("captures", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.argument("captures", nargs=-1, type=click.Path(dir_okay=False))
 @click.option("-o", "--output", "output", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Folder to write report.md and its PNG charts into (created when missing).")
 @steps_option
@@ -103,7 +112,8 @@ def _mapping_pairs(mappings, captures) -> dict:
 @click.option("--hardware", "-H", default=None,
               help="GPU preset for the gap to the hardware limit (default: matched from the capture's GPU name).")
 @click.option("--labels", default=None, help="Comma-separated names of the captures, in order (default: their "
-                                             "names without the words they share).")
+                                             "names without the words they share). With --ledger and no CAPTURES: "
+                                             "the ledger entries to show (numbers or labels), in order.")
 @click.option("--changed", default=None, help="Category family changed between the captures (e.g. moe), for the "
                                               "diff's same-kernel warning. Default: as `profattr diff` decides.")
 @click.option("--samples", default=None, type=click.IntRange(min=1),
@@ -111,8 +121,12 @@ def _mapping_pairs(mappings, captures) -> dict:
 @click.option("--mapping", "mappings", multiple=True, metavar="CAPTURE=EAGER",
               help="Lend NVTX context (layers, context rules) to CAPTURE's replayed graph kernels from EAGER, an eager "
                    "capture of the same workload (as `profattr budget --mapping`). Repeatable.")
+@click.option("--ledger", "ledger_path", default=None, type=click.Path(dir_okay=False), metavar="PATH",
+              help="Add a Campaign section: ms/step of every experiment of this ledger (`profattr ledger`), stacked "
+                   "by category. Without CAPTURES the report is that section alone.")
 @click.option("--force", is_flag=True, help="Overwrite an existing report (report.md and charts) in the folder.")
-def report(captures, output, steps, skip_steps, rules, hardware, labels, changed, samples, mappings, force):
+def report(captures, output, steps, skip_steps, rules, hardware, labels, changed, samples, mappings, force,
+           ledger_path):
     """Write the bottleneck report of CAPTURES to OUTPUT/report.md, with PNG charts.
 
     CAPTURES are Nsight Systems SQLite exports or .nsys-rep reports; the first is the baseline every other
@@ -122,17 +136,46 @@ def report(captures, output, steps, skip_steps, rules, hardware, labels, changed
     from profattr.attribute.diff import BOOTSTRAP_SAMPLES
     from profattr.report.collect import collect_report
 
+    if not captures and ledger_path is None:
+        raise ProfattrError("give one or more CAPTURES, or --ledger PATH for the campaign report of a ledger")
     if not force:  # fail before the slow part (gap charts, named after captures, are checked when known)
-        for name in (REPORT_FILE, CATEGORY_CHART, LAUNCH_CHART):
+        names = (REPORT_FILE, CATEGORY_CHART, LAUNCH_CHART) if captures else (REPORT_FILE,)
+        for name in names + ((CAMPAIGN_CHART,) if ledger_path is not None else ()):
             if (output / name).exists():
                 raise ProfattrError(f"{output / name} exists; pass --force to overwrite the report in {output}")
     label_list = [x.strip() for x in labels.split(",")] if labels else None
     if label_list is not None and not all(label_list):
         raise ProfattrError(f"--labels {labels!r}: a label is empty; give one non-empty name per capture")
+    campaign = None
+    if ledger_path is not None:
+        campaign = _campaign(ledger_path, [] if captures else (label_list or []))
+    if not captures:
+        from profattr.report.campaign import write_campaign_report
+
+        command = _command_line(captures, output, steps, rules, hardware, labels, samples, changed, mappings,
+                                ledger_path)
+        written = write_campaign_report(campaign, ledger_path, output, command, force=force)
+        click.echo(f"wrote {written[0]} and {len(written) - 1} chart(s)")
+        return
     data = collect_report(list(captures), labels=label_list, steps=steps, skip_steps=skip_steps, rules=rules,
                           hardware=hardware,
                           samples=BOOTSTRAP_SAMPLES if samples is None else samples, changed=changed,
                           mappings=_mapping_pairs(mappings, captures))
-    data.command = _command_line(captures, output, steps, rules, hardware, labels, samples, changed, mappings)
+    data.command = _command_line(captures, output, steps, rules, hardware, labels, samples, changed, mappings,
+                                 ledger_path)
+    data.campaign, data.campaign_ledger = campaign, ledger_path
     written = write_report(data, output, force=force)
     click.echo(f"wrote {written[0]} and {len(written) - 1} chart(s)")
+
+
+def _campaign(ledger_path, refs) -> list:
+    """The ledger's entries for the Campaign section (all, or those named by `refs`), as plain structures."""
+    from profattr.ledger.query import campaign
+    from profattr.ledger.schema import open_ledger, sqlite_errors
+
+    db = open_ledger(ledger_path)
+    try:
+        with sqlite_errors(ledger_path):
+            return campaign(db, refs, ledger_path)
+    finally:
+        db.close()

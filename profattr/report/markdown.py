@@ -11,6 +11,7 @@ import re
 from profattr import __version__
 from profattr.report import diff_view
 from profattr.report.bottlenecks import idle_reason, kernel_idle_sentence, split_delta
+from profattr.report.campaign import campaign_section
 from profattr.report.escape import md_escape
 
 TOP_KERNELS = 10
@@ -74,6 +75,7 @@ def render_report(data) -> str:
     out += budget_section(data)
     out += top_kernels_section(data)
     out += category_chart_section(data)
+    out += campaign_section(data)
     out += launch_section(data)
     out += diff_section(data)
     out += lint_section(data)

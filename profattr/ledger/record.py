@@ -1,0 +1,303 @@
+"""`profattr ledger add`: a capture's identity, run.json facts and budget, written into the ledger.
+
+An entry is identified by the capture's content (SHA-256 of the file given), the step definition (`--steps`) and
+the taxonomy (SHA-256 over the shipped rule files and any `--rules` files): the same three again are the same entry,
+not a new one. Every budget of one `add` is computed before anything is written, and all its entries are written in
+one transaction, so a failure leaves the ledger as it was.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Optional, Sequence
+
+from profattr import __version__
+from profattr.attribute.budget import SCHEMA as BUDGET_SCHEMA
+from profattr.attribute.budget import Budget, compute_budget
+from profattr.errors import ProfattrError
+from profattr.ledger.schema import TABLES, check_schema, create_ledger, create_tables, open_ledger, transaction
+from profattr.taxonomy.classify import RULES_DIR, load_rules
+from profattr.trace.reader import run_json_path
+
+CHUNK_BYTES = 1 << 20
+GPU_COLUMNS = [c for c in TABLES["gpus"][0] if c not in ("entry_id", "position", "gpu_index")]
+
+
+@dataclass
+class Pending:
+    """A capture to add: who it is, its budget and its run.json (read before the ledger is written)."""
+
+    given: str
+    sha256: str
+    size_bytes: int
+    label: Optional[str]  # None: the default (run.json name, else the file name)
+    budget: Optional[Budget] = None
+    run: Optional[dict] = None
+    run_path: Optional[Path] = None
+
+
+def file_sha256(path: Path) -> tuple:
+    """(hex SHA-256 of the file's bytes, its size in bytes)."""
+    h = hashlib.sha256()
+    size = 0
+    try:
+        with path.open("rb") as fh:
+            for block in iter(lambda: fh.read(CHUNK_BYTES), b""):
+                h.update(block)
+                size += len(block)
+    except OSError as exc:
+        raise ProfattrError(f"{path}: cannot read the capture ({exc.strerror or exc})") from None
+    return h.hexdigest(), size
+
+
+def rules_sha256(rules: Sequence) -> str:
+    """SHA-256 over the taxonomy a budget uses: the shipped rule files, then the `--rules` files in order."""
+    load_rules(rules)  # a bad rules file fails here, with its own message
+    h = hashlib.sha256()
+    for kind, paths in (("shipped", sorted(RULES_DIR.glob("*.toml"))), ("user", [Path(p) for p in rules])):
+        for p in paths:
+            h.update(f"{kind}:{p.name}\0".encode())
+            h.update(p.read_bytes())
+            h.update(b"\0")
+    return h.hexdigest()
+
+
+def check_label(label: str) -> str:
+    if not label.strip():
+        raise ProfattrError("--label: a label is empty; give each capture a non-empty name")
+    if label.strip().isdigit():
+        raise ProfattrError(f"--label {label!r}: entries are addressed by number or label, so a label cannot be a "
+                            "number; add a word")
+    return label
+
+
+def default_label(path: Path, run: Optional[dict]) -> str:
+    if run and isinstance(run.get("name"), str) and run["name"].strip():
+        name = run["name"]
+    else:
+        name = path.name
+        for suffix in (".sqlite", ".nsys-rep", ".qdrep"):
+            if name.endswith(suffix):
+                name = name[: -len(suffix)]
+                break
+    return f"capture-{name}" if name.isdigit() else name
+
+
+def read_run(path: Path) -> tuple:
+    """(run dict, run.json path) when NAME.run.json is beside the capture, else (None, None)."""
+    from profattr.capture.lint import load_run
+
+    run_path = run_json_path(path)
+    return (load_run(run_path), run_path) if run_path.exists() else (None, None)
+
+
+def add_captures(ledger_path, captures: Sequence, labels: Optional[Sequence[str]] = None, steps: str = "auto",
+                 rules: Sequence = ()) -> list:
+    """Add each capture; per capture {"capture", "status": added | already, "entry_id", "label"}, in order."""
+    ledger_path = Path(ledger_path)
+    if labels and len(labels) != len(captures):
+        raise ProfattrError(f"--label given {len(labels)} time(s) for {len(captures)} capture(s); give one per "
+                            "capture, in order, or none")
+    labels = [check_label(x) for x in labels] if labels else [None] * len(captures)
+    if len({x for x in labels if x is not None}) != len([x for x in labels if x is not None]):
+        raise ProfattrError("--label: two captures were given the same label; labels name one entry each")
+    db = open_ledger(ledger_path, missing_ok=True)
+    try:
+        return _add(db, ledger_path, captures, labels, steps, rules)
+    finally:
+        if db is not None:
+            db.close()
+
+
+def _add(db, ledger_path: Path, captures: Sequence, labels: list, steps: str, rules: Sequence) -> list:
+    taxonomy = rules_sha256(rules)
+    results, pending = [], []
+    for given, label in zip(captures, labels):
+        path = Path(given)
+        if not path.is_file():
+            raise ProfattrError(f"{path}: no such file" if not path.exists() else f"{path}: is not a file")
+        sha, size = file_sha256(path)
+        entry = _existing(db, sha, steps, taxonomy) if db is not None else None
+        twin = next((p for p in pending if p.sha256 == sha), None)
+        if entry is not None or twin is not None:
+            results.append({"capture": str(given), "status": "already",
+                            "entry_id": entry["id"] if entry else None, "label": entry["label"] if entry else None})
+            continue
+        if label is not None and db is not None and _label_entry(db, label) is not None:
+            raise ProfattrError(f"--label {label!r} already names entry {_label_entry(db, label)} of "
+                                f"{ledger_path}; give another label")
+        item = Pending(str(given), sha, size, label)
+        item.budget = compute_budget(path, steps=steps, rules=rules)
+        item.run, item.run_path = read_run(path)
+        pending.append(item)
+        results.append({"capture": str(given), "status": "added", "pending": item})
+    if not pending:
+        return results
+    now = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    if db is None:
+        created = create_ledger(ledger_path)
+        try:
+            _write(created, ledger_path, pending, results, steps, rules, taxonomy, now)
+        finally:
+            created.close()
+            if ledger_path.exists() and ledger_path.stat().st_size == 0:  # rolled back: leave no empty file
+                ledger_path.unlink()
+    else:
+        _write(db, ledger_path, pending, results, steps, rules, taxonomy, now)
+    for r in results:
+        r.pop("pending", None)
+    return results
+
+
+def _write(db, ledger_path: Path, pending: list, results: list, steps: str, rules: Sequence, taxonomy: str,
+           now: str) -> None:
+    """All pending entries in one transaction (the tables too, when the ledger is new)."""
+    with transaction(db, ledger_path):
+        if "meta" not in db.table_names():
+            create_tables(db, now, __version__)
+        check_schema(db, ledger_path)
+        for item in pending:
+            if _existing(db, item.sha256, steps, taxonomy) is not None:  # added meanwhile by another process
+                raise ProfattrError(f"{item.given}: added to {ledger_path} by another process meanwhile; run the "
+                                    "add again")
+            entry_id, label = insert_entry(db, item, steps, rules, taxonomy, now)
+            for r in results:
+                if r.get("pending") is item:
+                    r.update(entry_id=entry_id, label=label)
+
+
+def _existing(db, sha: str, steps: str, taxonomy: str) -> Optional[dict]:
+    row = db.execute("SELECT id, label FROM entries WHERE capture_sha256 = ? AND steps_spec = ? AND rules_sha256 = ?",
+                     [sha, steps, taxonomy]).fetchone()
+    return {"id": row[0], "label": row[1]} if row else None
+
+
+def _label_entry(db, label: str) -> Optional[int]:
+    row = db.execute("SELECT id FROM entries WHERE label = ?", [label]).fetchone()
+    return row[0] if row else None
+
+
+def insert_entry(db, item: Pending, steps: str, rules: Sequence, taxonomy: str, now: str) -> tuple:
+    """Insert one entry and all its rows (inside the caller's transaction); returns (entry id, label)."""
+    b = item.budget
+    label = item.label
+    if label is None:
+        base = default_label(Path(item.given), item.run)
+        label, n = base, 2
+        while _label_entry(db, label) is not None:
+            label, n = f"{base}-{n}", n + 1
+    elif _label_entry(db, label) is not None:
+        raise ProfattrError(f"--label {label!r} already names entry {_label_entry(db, label)}; give another label")
+    entry = {
+        "label": label, "added_utc": now, "capture_path": str(Path(item.given).resolve()),
+        "capture_sha256": item.sha256, "capture_bytes": item.size_bytes, "export_path": b.path,
+        "nsys_version": b.nsys_version, "export_schema_version": b.schema_version, "steps_spec": steps,
+        "rules_files": json.dumps([str(r) for r in rules]), "rules_sha256": taxonomy, "budget_schema": BUDGET_SCHEMA,
+        "profattr_version": __version__, "steps_source": b.steps_source, "steps_count": int(b.steps_count),
+        "steps_reason": b.steps_reason, "nvtx_context": b.context_method, "nvtx_placement": _json(b.nvtx_placement),
+        "comm_summary": _json(b.comm), "export_gpus": _json(b.gpus),
+        "run_json_path": str(item.run_path.resolve()) if item.run_path else None,
+    }
+    entry.update(run_facts(item.run))
+    entry_id = db["entries"].insert(entry).last_pk
+    if item.run:
+        db["gpus"].insert_all(gpu_rows(entry_id, item.run))
+        packages = item.run.get("packages") if isinstance(item.run.get("packages"), dict) else {}
+        db["packages"].insert_all([{"entry_id": entry_id, "package": str(k), "version": v}
+                                   for k, v in packages.items()])
+    for table, rows in budget_rows(entry_id, b).items():
+        db[table].insert_all(rows)
+    return entry_id, label
+
+
+def _json(value) -> Optional[str]:
+    return None if value is None else json.dumps(value, sort_keys=True)
+
+
+def _dict(run: dict, key: str) -> dict:
+    value = run.get(key)
+    return value if isinstance(value, dict) else {}
+
+
+def _number(value):
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def run_facts(run: Optional[dict]) -> dict:
+    """The entries columns read from run.json (all NULL without one)."""
+    if not run:
+        return {}
+    backend = run.get("backend")
+    resolved = _dict(_dict(run, "server_log"), "resolved")
+    timing = _dict(run, "timing")
+    return {
+        "run_name": run.get("name"), "target": run.get("target"), "created_utc": run.get("created_utc"),
+        "model": run.get("model"),
+        "backend_requested": backend.get("requested") if isinstance(backend, dict) else None,
+        "backend_resolved": (resolved["moe_runner_backend"] if "moe_runner_backend" in resolved
+                             else backend.get("sglang") if isinstance(backend, dict) else None),
+        "backend_json": _json(backend), "server_resolved": _json(resolved or None),
+        "tp": run.get("tp"), "batch": _dict(run, "requests").get("batch"),
+        "server_args": _json(_dict(run, "server").get("args")),
+        "ms_per_token_unprofiled": _number(timing.get("ms_per_token_unprofiled")),
+        "ms_per_token_profiled": _number(timing.get("ms_per_token_profiled")),
+    }
+
+
+def gpu_rows(entry_id: int, run: dict) -> list:
+    gpus = run.get("gpus") if isinstance(run.get("gpus"), list) else []
+    rows = []
+    for position, g in enumerate(x for x in gpus if isinstance(x, dict)):
+        row = {"entry_id": entry_id, "position": position, "gpu_index": g.get("index")}
+        row.update({c: g.get(c) for c in GPU_COLUMNS})
+        rows.append(row)
+    return rows
+
+
+def _frame_rows(entry_id: int, frame, columns: dict) -> list:
+    """Rows of a per-step DataFrame as plain Python values; `columns`: frame column -> ledger column."""
+    if frame is None or len(frame) == 0:
+        return []
+    values = [frame[src].tolist() for src in columns]
+    return [dict(zip(["entry_id", *columns.values()], (entry_id, *row))) for row in zip(*values)]
+
+
+def budget_rows(entry_id: int, b: Budget) -> dict:
+    """table -> rows of the budget: per device, its categories, kernels and comm split, and the per-step tables."""
+    out = {t: [] for t in ("devices", "categories", "kernels", "comm", "comm_categories")}
+    for d in b.devices:
+        dev = int(d["device"])
+        key = {"entry_id": entry_id, "device": dev}
+        outside = d.get("outside_steps") or {}
+        out["devices"].append({**key, "steps": int(d["steps"]), "outside_steps_ops": int(outside.get("ops", 0)),
+                               "outside_steps_ms": float(outside.get("ms", 0.0)),
+                               **{c: float(d[c]) for c in ("step_ms", "mean_step_ms", "busy_ms_per_step",
+                                                           "idle_ms_per_step", "overlap_ms_per_step",
+                                                           "kernels_per_step", "memops_per_step",
+                                                           "unclassified_share")}})
+        out["categories"] += [{**key, "position": i, "category": c["category"],
+                               "ms_per_step": float(c["ms_per_step"]), "count_per_step": float(c["count_per_step"])}
+                              for i, c in enumerate(d["categories"])]
+        out["kernels"] += [{**key, "position": i, "name": k["name"], "demangled": k["demangled"],
+                            "category": k["category"], "family": k["family"], "ms_per_step": float(k["ms_per_step"]),
+                            "count_per_step": float(k["count_per_step"])} for i, k in enumerate(d["kernels"])]
+        comm = d.get("comm")
+        if comm:
+            out["comm"].append({**key, **{c: float(comm[c]) for c in TABLES["comm"][0] if c not in key}})
+            out["comm_categories"] += [{**key, "position": i, "category": c["category"],
+                                        "collective_ms_per_step": float(c["collective_ms_per_step"]),
+                                        "wait_ms_per_step": float(c["wait_ms_per_step"])}
+                                       for i, c in enumerate(comm["by_category"])]
+    out["steps"] = _frame_rows(entry_id, b.per_step, {"device": "device", "step": "step", "start_ns": "start_ns",
+                                                      "end_ns": "end_ns", "span_ns": "span_ns", "busy_ns": "busy_ns",
+                                                      "op_ns": "op_ns", "kernels": "kernel_count"})
+    out["step_categories"] = _frame_rows(entry_id, b.per_step_category, {"device": "device", "step": "step",
+                                                                         "category": "category", "ns": "duration_ns",
+                                                                         "count": "count"})
+    out["step_comm"] = _frame_rows(entry_id, b.per_step_comm, {"device": "device", "step": "step",
+                                                               "category": "category", "collective_ns":
+                                                               "collective_ns", "wait_ns": "wait_ns"})
+    return out

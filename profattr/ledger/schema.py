@@ -1,0 +1,202 @@
+"""The ledger's tables (`profattr.ledger/1`), where the ledger lives, opening it, and its one-transaction writes.
+
+Every table but `meta` and `entries` is keyed by `entry_id` (a foreign key to `entries.id`) and, where it holds
+per-GPU figures, by `device` (the nsys device id, as in the budget). Units are in the column names. README.md
+("The campaign ledger") documents the same schema for people and for Datasette.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+from pathlib import Path
+
+from profattr.errors import ProfattrError
+
+SCHEMA = "profattr.ledger/1"
+SCHEMA_PREFIX = "profattr.ledger/"
+SCHEMA_VERSION = 1
+SQLITE_MAGIC = b"SQLite format 3\x00"
+LOCK_TIMEOUT_S = 5.0  # how long a write waits for another writer before giving up ("database is locked")
+
+ENTRY = ("entry_id", "entries", "id")
+# table -> (columns in order with their Python types, primary key, foreign keys, indexes)
+TABLES = {
+    "meta": ({"key": str, "value": str}, "key", [], []),
+    "entries": ({
+        "id": int, "label": str, "added_utc": str,
+        # identity of the capture and of how it was budgeted
+        "capture_path": str, "capture_sha256": str, "capture_bytes": int, "export_path": str,
+        "nsys_version": str, "export_schema_version": str, "steps_spec": str, "rules_files": str,
+        "rules_sha256": str, "budget_schema": str, "profattr_version": str,
+        # the budget's capture-wide parts
+        "steps_source": str, "steps_count": int, "steps_reason": str, "nvtx_context": str,
+        "nvtx_placement": str, "comm_summary": str, "export_gpus": str,
+        # NAME.run.json facts (NULL without a run.json)
+        "run_json_path": str, "run_name": str, "target": str, "created_utc": str, "model": str,
+        "backend_requested": str, "backend_resolved": str, "backend_json": str, "server_resolved": str,
+        "tp": int, "batch": int, "server_args": str,
+        "ms_per_token_unprofiled": float, "ms_per_token_profiled": float,
+    }, "id", [], [(("label",), True), (("capture_sha256", "steps_spec", "rules_sha256"), True)]),
+    "gpus": ({
+        "entry_id": int, "position": int, "gpu_index": int, "name": str, "driver_version": str,
+        "memory_total_mib": int, "pci_bus_id": str, "uuid": str, "clocks_sm_mhz": int, "clocks_mem_mhz": int,
+        "clocks_max_sm_mhz": int, "clocks_max_mem_mhz": int, "power_limit_w": float, "persistence_mode": str,
+    }, ("entry_id", "position"), [ENTRY], []),
+    "packages": ({"entry_id": int, "package": str, "version": str}, ("entry_id", "package"), [ENTRY], []),
+    "devices": ({
+        "entry_id": int, "device": int, "steps": int, "step_ms": float, "mean_step_ms": float,
+        "busy_ms_per_step": float, "idle_ms_per_step": float, "overlap_ms_per_step": float,
+        "kernels_per_step": float, "memops_per_step": float, "unclassified_share": float,
+        "outside_steps_ops": int, "outside_steps_ms": float,
+    }, ("entry_id", "device"), [ENTRY], []),
+    "categories": ({
+        "entry_id": int, "device": int, "position": int, "category": str, "ms_per_step": float,
+        "count_per_step": float,
+    }, ("entry_id", "device", "category"), [ENTRY], [(("category",), False)]),
+    "kernels": ({
+        "entry_id": int, "device": int, "position": int, "name": str, "demangled": str, "category": str,
+        "family": str, "ms_per_step": float, "count_per_step": float,
+    }, ("entry_id", "device", "position"), [ENTRY], [(("category",), False), (("name",), False)]),
+    "comm": ({
+        "entry_id": int, "device": int, "collective_ms_per_step": float, "transfer_ms_per_step": float,
+        "wait_ms_per_step": float, "slowest_rank_share": float, "instances_per_step": float,
+        "unmatched_per_step": float,
+    }, ("entry_id", "device"), [ENTRY], []),
+    "comm_categories": ({
+        "entry_id": int, "device": int, "position": int, "category": str, "collective_ms_per_step": float,
+        "wait_ms_per_step": float,
+    }, ("entry_id", "device", "category"), [ENTRY], []),
+    "steps": ({
+        "entry_id": int, "device": int, "step": int, "start_ns": int, "end_ns": int, "span_ns": int,
+        "busy_ns": int, "op_ns": int, "kernel_count": int,
+    }, ("entry_id", "device", "step"), [ENTRY], []),
+    "step_categories": ({
+        "entry_id": int, "device": int, "step": int, "category": str, "duration_ns": int, "count": int,
+    }, ("entry_id", "device", "step", "category"), [ENTRY], []),
+    "step_comm": ({
+        "entry_id": int, "device": int, "step": int, "category": str, "collective_ns": int, "wait_ns": int,
+    }, ("entry_id", "device", "step", "category"), [ENTRY], []),
+}
+
+
+def default_path() -> Path:
+    """$PROFATTR_LEDGER, else $XDG_DATA_HOME/profattr/ledger.db, else ~/.local/share/profattr/ledger.db."""
+    if os.environ.get("PROFATTR_LEDGER"):
+        return Path(os.environ["PROFATTR_LEDGER"])
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "profattr" / "ledger.db"
+
+
+class _Connection(sqlite3.Connection):
+    """A connection whose `with conn:` blocks do nothing while a ledger transaction holds it: sqlite-utils 3.x
+    commits after each insert_all that way, which would leave a failed `ledger add` half-written."""
+
+    held = False
+
+    def __exit__(self, exc_type, exc, tb):
+        if self.held:
+            return False
+        return super().__exit__(exc_type, exc, tb)
+
+
+def _database(path: Path):
+    import sqlite_utils
+
+    conn = sqlite3.connect(str(path), timeout=LOCK_TIMEOUT_S, factory=_Connection)
+    conn.execute("PRAGMA foreign_keys = ON")
+    return sqlite_utils.Database(conn)
+
+
+@contextlib.contextmanager
+def sqlite_errors(path):
+    """SQLite failures on the ledger as one-line ProfattrErrors (locked, damaged, anything else)."""
+    try:
+        yield
+    except sqlite3.DatabaseError as exc:
+        text = str(exc)
+        if "locked" in text or "busy" in text:
+            raise ProfattrError(f"{path}: the ledger is locked by another process (database is locked); try again "
+                                "when it has finished") from None
+        if "not a database" in text or "malformed" in text:
+            raise ProfattrError(f"{path}: not a profattr ledger (the file is not a readable SQLite database: "
+                                f"{text})") from None
+        raise ProfattrError(f"{path}: SQLite error on the ledger: {text}") from None
+
+
+def open_ledger(path, missing_ok: bool = False):
+    """The ledger at `path` as a sqlite_utils.Database, checked to be a `profattr.ledger/1` this profattr reads.
+
+    A missing or empty file is None with `missing_ok` (a ledger not started yet), else a ProfattrError."""
+    path = Path(path)
+    if path.is_dir():
+        raise ProfattrError(f"{path}: is a folder; give the ledger's file (e.g. {path / 'ledger.db'})")
+    if not path.exists() or path.stat().st_size == 0:
+        if missing_ok:
+            return None
+        raise ProfattrError(f"{path}: no ledger here yet; start one with `profattr ledger add CAPTURE --ledger "
+                            f"{path}`")
+    with path.open("rb") as fh:
+        if fh.read(len(SQLITE_MAGIC)) != SQLITE_MAGIC:
+            raise ProfattrError(f"{path}: not a profattr ledger (not a SQLite file)")
+    db = _database(path)
+    try:
+        with sqlite_errors(path):
+            check_schema(db, path)
+    except ProfattrError:
+        db.close()
+        raise
+    return db
+
+
+def check_schema(db, path) -> None:
+    """ProfattrError unless `db` is a ledger of a schema version this profattr reads."""
+    if "meta" not in db.table_names() or "entries" not in db.table_names():
+        raise ProfattrError(f"{path}: a SQLite file, but not a profattr ledger (no meta/entries tables)")
+    row = db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
+    schema = row[0] if row else None
+    if not isinstance(schema, str) or not schema.startswith(SCHEMA_PREFIX):
+        raise ProfattrError(f"{path}: not a profattr ledger (meta schema {schema!r}, expected {SCHEMA})")
+    version = schema[len(SCHEMA_PREFIX):]
+    if not version.isdigit():
+        raise ProfattrError(f"{path}: not a profattr ledger (meta schema {schema!r}, expected {SCHEMA})")
+    if int(version) > SCHEMA_VERSION:
+        raise ProfattrError(f"{path}: written by a newer profattr (schema {schema}); this profattr reads up to "
+                            f"{SCHEMA}: upgrade profattr to read it")
+
+
+def create_ledger(path):
+    """A new, empty database file at `path` (its tables are made by `create_tables`, inside the first write)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return _database(path)
+
+
+def create_tables(db, created_utc: str, profattr_version: str) -> None:
+    """Every table and index of the schema, and the meta rows (schema version, when, by which profattr)."""
+    for name, (columns, pk, foreign_keys, indexes) in TABLES.items():
+        db[name].create(columns, pk=pk, foreign_keys=foreign_keys)
+        for cols, unique in indexes:
+            db[name].create_index(list(cols), unique=unique)
+    db["meta"].insert_all([{"key": "schema", "value": SCHEMA}, {"key": "created_utc", "value": created_utc},
+                           {"key": "created_by", "value": f"profattr {profattr_version}"}])
+
+
+@contextlib.contextmanager
+def transaction(db, path):
+    """One write transaction: taken up front (BEGIN IMMEDIATE, so a locked ledger fails before any write), committed
+    at the end, rolled back on any error."""
+    conn = db.conn
+    with sqlite_errors(path):
+        conn.execute("BEGIN IMMEDIATE")
+    conn.held = True
+    try:
+        with sqlite_errors(path):
+            yield db
+    except BaseException:
+        conn.held = False
+        conn.rollback()
+        raise
+    conn.held = False
+    with sqlite_errors(path):
+        conn.commit()
