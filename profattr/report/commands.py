@@ -62,10 +62,13 @@ def write_report(data, out_dir: Path, force: bool = False) -> list:
     return targets
 
 
-def _command_line(captures, output, steps, rules, hardware, labels, samples, changed, mappings=()) -> str:
+def _command_line(captures, output, steps, rules, hardware, labels, samples, changed, mappings=(),
+                  drills=()) -> str:
     args = ["profattr", "report", *map(str, captures), "-o", str(output)]
     for m in mappings:
         args += ["--mapping", m]
+    for d in drills:
+        args += ["--drill", d]
     if steps != "auto":
         args += ["--steps", steps]
     for r in rules:
@@ -94,6 +97,18 @@ def _mapping_pairs(mappings, captures) -> dict:
     return out
 
 
+def _drill_items(drills, captures) -> list:
+    """--drill values: CSV, or CAPTURE=CSV (CAPTURE one of the report's captures, by path or file name)."""
+    items = []
+    for d in drills:
+        target, sep, csv_path = d.partition("=")
+        if sep and csv_path and any(target in (c, Path(c).name) for c in captures):
+            items.append((target, csv_path))
+        else:
+            items.append(d)
+    return items
+
+
 @click.command()
 @click.argument("captures", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @click.option("-o", "--output", "output", required=True, type=click.Path(file_okay=False, path_type=Path),
@@ -111,13 +126,17 @@ def _mapping_pairs(mappings, captures) -> dict:
 @click.option("--mapping", "mappings", multiple=True, metavar="CAPTURE=EAGER",
               help="Lend NVTX context (layers, context rules) to CAPTURE's replayed graph kernels from EAGER, an eager "
                    "capture of the same workload (as `profattr budget --mapping`). Repeatable.")
+@click.option("--drill", "drills", multiple=True, metavar="[CAPTURE=]CSV",
+              help="An ncu drill (NAME.ncu.csv from `profattr drill`) for the section \"Why the top kernels are "
+                   "slow\", beyond the NAME-drill*.ncu.csv found beside each capture. Repeatable.")
 @click.option("--force", is_flag=True, help="Overwrite an existing report (report.md and charts) in the folder.")
-def report(captures, output, steps, rules, hardware, labels, changed, samples, mappings, force):
+def report(captures, output, steps, rules, hardware, labels, changed, samples, mappings, drills, force):
     """Write the bottleneck report of CAPTURES to OUTPUT/report.md, with PNG charts.
 
     CAPTURES are Nsight Systems SQLite exports or .nsys-rep reports; the first is the baseline every other
     capture is compared with. NAME.run.json beside a capture (written by `profattr capture`) adds commands,
-    versions, lint findings and, for the built-in workload, the gap to the hardware limit.
+    versions, lint findings and, for the built-in workload, the gap to the hardware limit. Nsight Compute drills
+    of a capture (NAME-drill*.ncu.csv beside it, or --drill) add why its top kernels are slow.
     """
     from profattr.attribute.diff import BOOTSTRAP_SAMPLES
     from profattr.report.collect import collect_report
@@ -131,7 +150,8 @@ def report(captures, output, steps, rules, hardware, labels, changed, samples, m
         raise ProfattrError(f"--labels {labels!r}: a label is empty; give one non-empty name per capture")
     data = collect_report(list(captures), labels=label_list, steps=steps, rules=rules, hardware=hardware,
                           samples=BOOTSTRAP_SAMPLES if samples is None else samples, changed=changed,
-                          mappings=_mapping_pairs(mappings, captures))
-    data.command = _command_line(captures, output, steps, rules, hardware, labels, samples, changed, mappings)
+                          mappings=_mapping_pairs(mappings, captures), drills=_drill_items(drills, captures))
+    data.command = _command_line(captures, output, steps, rules, hardware, labels, samples, changed, mappings,
+                                 drills)
     written = write_report(data, output, force=force)
     click.echo(f"wrote {written[0]} and {len(written) - 1} chart(s)")
