@@ -19,6 +19,7 @@ COMMANDS = {
     "check": "profattr.capture.commands:check",
     "doctor": "profattr.capture.commands:doctor",
     "drill": "profattr.capture.commands:drill",
+    "drill-report": "profattr.report.drill_commands:drill_report",
     "limit": "profattr.limits.commands:limit",
     "gap": "profattr.limits.commands:gap",
     "report": "profattr.report.commands:report",

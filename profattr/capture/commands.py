@@ -215,6 +215,8 @@ def drill(capture_path, top, kernels, drill_steps, launch_count_opt, kernel_base
     from profattr.capture import ncu as ncu_tool
     from profattr.errors import ProfattrError
 
+    if not dry_run:
+        ncu_tool.find_ncu(ncu_path)  # first: without ncu nothing below is worth computing
     cap = locate(capture_path)
     if cap.run is None or cap.run.get("target") != "sglang":
         raise ProfattrError(f"{capture_path}: a drill re-runs an SGLang capture made by `profattr capture` "

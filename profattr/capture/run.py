@@ -191,7 +191,7 @@ def execute(p: Plan, echo: Echo) -> tuple:
     for w in p.windows:
         write_run(p.window_path(w, "run"), runs[w.name])
     started = time.monotonic()
-    under = "nsys" if o.profiler == "nsys" else "the torch profiler (no nsys)"
+    under = {"nsys": "nsys", "ncu": "Nsight Compute"}.get(o.profiler, "the torch profiler (no nsys)")
     echo(f"starting under {under}: {shell_join(p.target_cmd)}")
     with _sigterm_as_interrupt(), open(p.path("log"), "wb") as log:
         error, interrupted, done = _run_target(p, runs, log, echo)

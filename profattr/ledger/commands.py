@@ -56,7 +56,7 @@ def ledger():
 @ledger_option
 @steps_option
 @rules_option
-def add(captures, labels, ledger_path, steps, rules):
+def add(captures, labels, ledger_path, steps, skip_steps, rules):
     """Budget CAPTURES and record them (with NAME.run.json's facts when it is beside a capture).
 
     The same capture (same content) with the same --steps and rules is recorded once.
@@ -64,7 +64,8 @@ def add(captures, labels, ledger_path, steps, rules):
     from profattr.ledger.record import add_captures
 
     path = _path(ledger_path)
-    for r in add_captures(path, list(captures), labels=list(labels) or None, steps=steps, rules=rules):
+    for r in add_captures(path, list(captures), labels=list(labels) or None, steps=steps, rules=rules,
+                          skip_steps=skip_steps):
         if r["status"] == "added":
             click.echo(f"added entry {r['entry_id']} ({r['label']}): {r['capture']}")
         elif r["entry_id"] is not None:

@@ -81,10 +81,11 @@ def budget_dict(db, entry: dict) -> dict:
         devices.append(out)
     budget = {
         "schema": BUDGET_SCHEMA,
-        "capture": {"path": entry["export_path"], "nsys_version": entry["nsys_version"],
-                    "export_schema_version": entry["export_schema_version"],
-                    "gpus": _loads(entry["export_gpus"]) or []},
-        "steps": {"source": entry["steps_source"], "count": entry["steps_count"], "reason": entry["steps_reason"]},
+        "capture": {"path": entry["export_path"], "format": entry["capture_format"],
+                    "nsys_version": entry["nsys_version"], "export_schema_version": entry["export_schema_version"],
+                    "profiler_version": entry["profiler_version"], "gpus": _loads(entry["export_gpus"]) or []},
+        "steps": {"source": entry["steps_source"], "count": entry["steps_count"], "reason": entry["steps_reason"],
+                  "excluded": _loads(entry["steps_excluded"]) or {}},
         "nvtx_context": entry["nvtx_context"],
         "devices": devices,
     }

@@ -88,15 +88,16 @@ def default_label(path: Path, run: Optional[dict]) -> str:
 
 def read_run(path: Path) -> tuple:
     """(run dict, run.json path) when NAME.run.json is beside the capture, else (None, None)."""
-    from profattr.capture.lint import load_run
+    from profattr.check.locate import load_run
 
     run_path = run_json_path(path)
     return (load_run(run_path), run_path) if run_path.exists() else (None, None)
 
 
 def add_captures(ledger_path, captures: Sequence, labels: Optional[Sequence[str]] = None, steps: str = "auto",
-                 rules: Sequence = ()) -> list:
-    """Add each capture; per capture {"capture", "status": added | already, "entry_id", "label"}, in order."""
+                 rules: Sequence = (), skip_steps=None) -> list:
+    """Add each capture; per capture {"capture", "status": added | already, "entry_id", "label"}, in order.
+    `skip_steps` (budget's --skip-steps) is part of the steps spec an entry is identified by."""
     ledger_path = Path(ledger_path)
     if labels and len(labels) != len(captures):
         raise ProfattrError(f"--label given {len(labels)} time(s) for {len(captures)} capture(s); give one per "
@@ -106,7 +107,8 @@ def add_captures(ledger_path, captures: Sequence, labels: Optional[Sequence[str]
         raise ProfattrError("--label: two captures were given the same label; labels name one entry each")
     db = open_ledger(ledger_path, missing_ok=True)
     try:
-        return _add(db, ledger_path, captures, labels, steps, rules)
+        spec = steps if skip_steps in (None, 0, "0") else f"{steps};skip-steps={skip_steps}"
+        return _add(db, ledger_path, captures, labels, spec, rules)
     finally:
         if db is not None:
             db.close()
@@ -130,7 +132,8 @@ def _add(db, ledger_path: Path, captures: Sequence, labels: list, steps: str, ru
             raise ProfattrError(f"--label {label!r} already names entry {_label_entry(db, label)} of "
                                 f"{ledger_path}; give another label")
         item = Pending(str(given), sha, size, label)
-        item.budget = compute_budget(path, steps=steps, rules=rules)
+        step_source, _, skip = steps.partition(";skip-steps=")
+        item.budget = compute_budget(path, steps=step_source, rules=rules, skip_steps=skip or None)
         item.run, item.run_path = read_run(path)
         pending.append(item)
         results.append({"capture": str(given), "status": "added", "pending": item})
@@ -194,10 +197,12 @@ def insert_entry(db, item: Pending, steps: str, rules: Sequence, taxonomy: str, 
     entry = {
         "label": label, "added_utc": now, "capture_path": str(Path(item.given).resolve()),
         "capture_sha256": item.sha256, "capture_bytes": item.size_bytes, "export_path": b.path,
+        "capture_format": b.format, "profiler_version": b.tool_version,
         "nsys_version": b.nsys_version, "export_schema_version": b.schema_version, "steps_spec": steps,
         "rules_files": json.dumps([str(r) for r in rules]), "rules_sha256": taxonomy, "budget_schema": BUDGET_SCHEMA,
         "profattr_version": __version__, "steps_source": b.steps_source, "steps_count": int(b.steps_count),
-        "steps_reason": b.steps_reason, "nvtx_context": b.context_method, "nvtx_placement": _json(b.nvtx_placement),
+        "steps_reason": b.steps_reason, "steps_excluded": _json(b.steps_excluded),
+        "nvtx_context": b.context_method, "nvtx_placement": _json(b.nvtx_placement),
         "comm_summary": _json(b.comm), "export_gpus": _json(b.gpus),
         "run_json_path": str(item.run_path.resolve()) if item.run_path else None,
     }

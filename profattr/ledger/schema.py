@@ -27,10 +27,11 @@ TABLES = {
         "id": int, "label": str, "added_utc": str,
         # identity of the capture and of how it was budgeted
         "capture_path": str, "capture_sha256": str, "capture_bytes": int, "export_path": str,
+        "capture_format": str, "profiler_version": str,
         "nsys_version": str, "export_schema_version": str, "steps_spec": str, "rules_files": str,
         "rules_sha256": str, "budget_schema": str, "profattr_version": str,
         # the budget's capture-wide parts
-        "steps_source": str, "steps_count": int, "steps_reason": str, "nvtx_context": str,
+        "steps_source": str, "steps_count": int, "steps_reason": str, "steps_excluded": str, "nvtx_context": str,
         "nvtx_placement": str, "comm_summary": str, "export_gpus": str,
         # NAME.run.json facts (NULL without a run.json)
         "run_json_path": str, "run_name": str, "target": str, "created_utc": str, "model": str,

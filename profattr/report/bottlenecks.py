@@ -2,8 +2,8 @@
 numbers (no fixed sentence that the numbers could contradict: every claim below is guarded by the value it states).
 
 `rank_bottlenecks(captures, diffs)` takes plain structures:
-- captures: dicts with `label`, `budget` (`profattr.budget/1`), `launches` (list from `report.launches`) and
-  `gap` (`profattr.gap/1` or None);
+- captures: dicts with `label`, `budget` (`profattr.budget/1`), `launches` (list from `report.launches`),
+  `gap` (`profattr.gap/1` or None) and optionally `why_slow` ({category: sentence from an ncu drill});
 - diffs: dicts with `a` and `b` (labels) and `diff` (`profattr.diff/1`).
 It returns dicts {rank, capture, device, kind, ms_per_step, share_of_step, title, reason}, largest first. Strings
 are raw (the renderer escapes them).
@@ -131,6 +131,9 @@ def capture_items(cap: dict) -> list:
                           "matches no taxonomy rule: add one (--rules FILE) so its time lands in a category")
             else:
                 reason = category_reason(d, c["category"], gap_devices.get(d["device"]))
+            why = (cap.get("why_slow") or {}).get(c["category"])  # the verdict of an ncu drill of its kernels
+            if why:
+                reason += f"; {why}"
             items.append(_item(cap["label"], d["device"], "category", c["ms_per_step"], step,
                                f"{c['category']} {_pct(share)} of the step", reason))
     return items

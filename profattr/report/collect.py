@@ -12,6 +12,7 @@ from typing import Optional, Sequence
 from profattr.attribute.budget import compute_budget
 from profattr.attribute.diff import BOOTSTRAP_SAMPLES, Side, compute_diff
 from profattr.errors import ProfattrError
+from profattr.report import why_slow
 from profattr.report.bottlenecks import rank_bottlenecks
 from profattr.report.launches import launch_stats
 from profattr.taxonomy.classify import load_rules
@@ -35,10 +36,12 @@ class CaptureReport:
     gap: Optional[dict] = None  # profattr.gap/1
     gap_note: Optional[str] = None  # why there is no gap (plain text, unescaped)
     side: Optional[Side] = field(default=None, repr=False)
+    why_slow: dict = field(default_factory=dict)  # category -> sentence from this capture's ncu drills
 
     def as_input(self) -> dict:
         """The plain structure bottlenecks.py and charts.py take."""
-        return {"label": self.label, "budget": self.budget, "launches": self.launches, "gap": self.gap}
+        return {"label": self.label, "budget": self.budget, "launches": self.launches, "gap": self.gap,
+                "why_slow": self.why_slow}
 
 
 @dataclass
@@ -52,6 +55,7 @@ class ReportData:
     charts: dict = field(default_factory=dict)  # role -> file name inside the output folder
     campaign: Optional[list] = None  # ledger entries for the Campaign section (report/campaign.py), with --ledger
     campaign_ledger: Optional[str] = None  # the ledger's path, as given
+    drills: list = field(default_factory=list)  # why_slow.collect_drills entries
 
 
 def default_labels(names: Sequence[str]) -> list:
@@ -185,10 +189,11 @@ def _rule_for(ruleset, kernel: dict):
 def collect_report(paths: Sequence, labels: Optional[Sequence[str]] = None, steps: str = "auto",
                    rules: Sequence = (), hardware: Optional[str] = None, samples: int = BOOTSTRAP_SAMPLES,
                    changed: Optional[str] = None, force_export: bool = False,
-                   mappings: Optional[dict] = None, skip_steps=None) -> ReportData:
+                   mappings: Optional[dict] = None, skip_steps=None, drills: Sequence = ()) -> ReportData:
     """Budgets, launch stats, lint findings and gaps of every capture; diffs of each against the first; the ranked
     bottlenecks; the taxonomy evidence. Captures are .sqlite exports or .nsys-rep reports; `mappings` gives a
-    capture (as passed) an eager twin that lends NVTX context to its replayed graph kernels."""
+    capture (as passed) an eager twin that lends NVTX context to its replayed graph kernels; `drills` names ncu
+    drill CSVs (paths, or (capture as passed, path)) beyond those found beside the captures."""
     if labels is not None and len(labels) != len(paths):
         raise ProfattrError(f"--labels gives {len(labels)} label(s) for {len(paths)} capture(s); give one per capture")
     captures = []
@@ -224,9 +229,13 @@ def collect_report(paths: Sequence, labels: Optional[Sequence[str]] = None, step
                       "b_modes": {s["device"]: s["mode"] for s in cap.launches},
                       "a_unprofiled_ms_per_token": unprofiled_ms(first.run),
                       "b_unprofiled_ms_per_token": unprofiled_ms(cap.run)})
+    drill_entries = why_slow.collect_drills(captures, drills, rules)
+    sentences = why_slow.category_sentences(drill_entries)
+    for cap in captures:
+        cap.why_slow = sentences.get(cap.label, {})
     bottlenecks = rank_bottlenecks([c.as_input() for c in captures], diffs)
     return ReportData(captures=captures, diffs=diffs, bottlenecks=bottlenecks,
-                      evidence=evidence_summary(captures, rules), hardware=hardware)
+                      evidence=evidence_summary(captures, rules), hardware=hardware, drills=drill_entries)
 
 
 def unprofiled_ms(run: Optional[dict]) -> Optional[float]:

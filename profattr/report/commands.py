@@ -69,12 +69,14 @@ def write_report(data, out_dir: Path, force: bool = False) -> list:
 
 
 def _command_line(captures, output, steps, rules, hardware, labels, samples, changed, mappings=(),
-                  ledger=None) -> str:
+                  ledger=None, drills=()) -> str:
     args = ["profattr", "report", *map(str, captures), "-o", str(output)]
     if ledger is not None:
         args += ["--ledger", str(ledger)]
     for m in mappings:
         args += ["--mapping", m]
+    for d in drills:
+        args += ["--drill", d]
     if steps != "auto":
         args += ["--steps", steps]
     for r in rules:
@@ -103,6 +105,18 @@ def _mapping_pairs(mappings, captures) -> dict:
     return out
 
 
+def _drill_items(drills, captures) -> list:
+    """--drill values: CSV, or CAPTURE=CSV (CAPTURE one of the report's captures, by path or file name)."""
+    items = []
+    for d in drills:
+        target, sep, csv_path = d.partition("=")
+        if sep and csv_path and any(target in (c, Path(c).name) for c in captures):
+            items.append((target, csv_path))
+        else:
+            items.append(d)
+    return items
+
+
 @click.command()
 @click.argument("captures", nargs=-1, type=click.Path(dir_okay=False))
 @click.option("-o", "--output", "output", required=True, type=click.Path(file_okay=False, path_type=Path),
@@ -124,14 +138,18 @@ def _mapping_pairs(mappings, captures) -> dict:
 @click.option("--ledger", "ledger_path", default=None, type=click.Path(dir_okay=False), metavar="PATH",
               help="Add a Campaign section: ms/step of every experiment of this ledger (`profattr ledger`), stacked "
                    "by category. Without CAPTURES the report is that section alone.")
+@click.option("--drill", "drills", multiple=True, metavar="[CAPTURE=]CSV",
+              help="An ncu drill (NAME.ncu.csv from `profattr drill`) for the section \"Why the top kernels are "
+                   "slow\", beyond the NAME-drill*.ncu.csv found beside each capture. Repeatable.")
 @click.option("--force", is_flag=True, help="Overwrite an existing report (report.md and charts) in the folder.")
 def report(captures, output, steps, skip_steps, rules, hardware, labels, changed, samples, mappings, force,
-           ledger_path):
+           ledger_path, drills):
     """Write the bottleneck report of CAPTURES to OUTPUT/report.md, with PNG charts.
 
     CAPTURES are Nsight Systems SQLite exports or .nsys-rep reports; the first is the baseline every other
     capture is compared with. NAME.run.json beside a capture (written by `profattr capture`) adds commands,
-    versions, lint findings and, for the built-in workload, the gap to the hardware limit.
+    versions, lint findings and, for the built-in workload, the gap to the hardware limit. Nsight Compute drills
+    of a capture (NAME-drill*.ncu.csv beside it, or --drill) add why its top kernels are slow.
     """
     from profattr.attribute.diff import BOOTSTRAP_SAMPLES
     from profattr.report.collect import collect_report
@@ -160,9 +178,9 @@ def report(captures, output, steps, skip_steps, rules, hardware, labels, changed
     data = collect_report(list(captures), labels=label_list, steps=steps, skip_steps=skip_steps, rules=rules,
                           hardware=hardware,
                           samples=BOOTSTRAP_SAMPLES if samples is None else samples, changed=changed,
-                          mappings=_mapping_pairs(mappings, captures))
+                          mappings=_mapping_pairs(mappings, captures), drills=_drill_items(drills, captures))
     data.command = _command_line(captures, output, steps, rules, hardware, labels, samples, changed, mappings,
-                                 ledger_path)
+                                 ledger_path, drills)
     data.campaign, data.campaign_ledger = campaign, ledger_path
     written = write_report(data, output, force=force)
     click.echo(f"wrote {written[0]} and {len(written) - 1} chart(s)")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 
 from profattr import __version__
-from profattr.report import diff_view
+from profattr.report import diff_view, why_slow
 from profattr.report.bottlenecks import idle_reason, kernel_idle_sentence, split_delta
 from profattr.report.campaign import campaign_section
 from profattr.report.escape import md_escape
@@ -71,6 +71,7 @@ def render_report(data) -> str:
             "from the captures listed under Reproducibility; shares are of the mean step.", ""]
     out += summary_section(data)
     out += bottleneck_section(data)
+    out += why_slow.section(data)
     out += reproducibility_section(data)
     out += budget_section(data)
     out += top_kernels_section(data)

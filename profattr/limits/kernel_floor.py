@@ -1,0 +1,84 @@
+"""The weight bytes a drilled kernel's category must read per decode step: the floor that `profattr drill-report`
+and the report's "Why the top kernels are slow" set each category's DRAM traffic against.
+
+Assumption, stated with every figure: a weights-streaming GEMM at decode reads each of its weights once per step, so
+its category's floor bytes are the weights of that category one rank reads per step, as the engine shards them
+(weight class -> category: specs/category_floors.toml; a category rolls up to its floor row as in gap.py). A
+category with a precision suffix (`gemm.fp8`, `gemm.bf16`) counts only the weights stored in that precision, since
+each precision runs its own kernels. The model comes from the config.json (and its quantization_config) that
+`profattr capture` recorded in the drill's run.json; the GPU from the GPU name recorded there.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, Optional, Tuple
+
+from profattr.errors import ProfattrError
+from profattr.limits.gap import row_of
+from profattr.limits.model import ModelSpec, load_toml, spec_from_config
+
+ASSUMPTION = ("a weights-streaming GEMM at decode reads each weight once per step: its category's floor bytes are "
+              "the weights of that category one rank reads per step (routed experts: the experts one token "
+              "activates)")
+
+
+def quant_of_config(config: Dict[str, Any]) -> Optional[str]:
+    """profattr's quantization scheme for a config.json: fp8 for an FP8 checkpoint, bf16 for none, else None."""
+    q = config.get("quantization_config")
+    if not q:
+        return "bf16"
+    method = str(q.get("quant_method") or "").lower() if isinstance(q, dict) else ""
+    return "fp8" if method == "fp8" else None
+
+
+def spec_for_run(run: Optional[dict]) -> Tuple[Optional[ModelSpec], str]:
+    """(ModelSpec of the model a run.json recorded, or None; how it was made or why not): the built-in workload's
+    record, else the served model's config.json."""
+    record = (run or {}).get("workload")
+    if isinstance(record, dict):
+        from profattr.limits.workload import spec_from_workload
+
+        try:
+            spec = spec_from_workload(record, source="run.json workload")
+        except ProfattrError as exc:
+            return None, exc.format_message()
+        return spec, f"the built-in workload's recorded sizes, tp {spec.tp}"
+    config = (run or {}).get("model_config")
+    if not isinstance(config, dict):
+        return None, "the run.json records no model config.json"
+    quant = quant_of_config(config)
+    if quant is None:
+        return None, f"quantization {config.get('quantization_config')!r} is not one profattr models"
+    requests = (run or {}).get("requests") or {}
+    context = int(requests.get("input_len") or 0) + int(requests.get("max_new_tokens") or 0)
+    try:
+        spec = spec_from_config(config, quant=quant, tp=int((run or {}).get("tp") or 1), context_len=context,
+                                model_id=str((run or {}).get("model") or ""), source="run.json model_config")
+    except (ProfattrError, KeyError, TypeError, ValueError) as exc:
+        return None, f"cannot model {config.get('model_type')!r} ({exc})"
+    return spec, f"{spec.name} from run.json model_config, {quant}, tp {spec.tp}"
+
+
+def weight_bytes(spec: ModelSpec) -> Dict[str, Dict[str, float]]:
+    """floor row -> {precision: weight bytes one rank reads per step} for every weight group of the model."""
+    rows: Dict[str, Dict[str, float]] = {}
+    for g in spec.groups:
+        by_dtype = rows.setdefault(g.category, {})
+        by_dtype[g.dtype] = by_dtype.get(g.dtype, 0.0) + g.rank_bytes_per_token(spec.tp, ideal=False)
+    return rows
+
+
+def category_floor(category: str, rows: Dict[str, Dict[str, float]]) -> Optional[Dict[str, Any]]:
+    """{bytes_per_step, row, precision, assumption} of a budget category, or None when no weights roll up to it."""
+    row = row_of(category, rows)
+    if row not in rows:
+        return None
+    dtypes = load_toml("quant.toml")["dtypes"]
+    suffix = category.rsplit(".", 1)[-1] if "." in category else None
+    precision = suffix if suffix in dtypes else None
+    by_dtype = rows[row]
+    total = by_dtype.get(precision, 0.0) if precision else sum(by_dtype.values())
+    if total <= 0:
+        return None
+    what = f"the {precision} weights of {row}" if precision else f"the weights of {row}"
+    return {"bytes_per_step": total, "row": row, "precision": precision,
+            "assumption": f"{what} ({total / 1e6:.1f} MB per step), read once per step"}
