@@ -2,11 +2,14 @@
 committed real captures are covered and their NVTX contexts classify as the workload's source says.
 
 The expected categories come from tests/data/taxonomy/kernel_names.tsv (names read from public sources and
-profiles, finer ids mapped to profattr ids by research_category_map.tsv) and from SQL on the captures, not from the
-classifier.
+profiles, finer ids mapped to profattr ids by research_category_map.tsv), from tests/data/taxonomy/glm_expected.tsv
+(every kernel of the GLM-5-shaped SGLang captures with the category and family read from the code that launches it)
+and from SQL on the captures, not from the classifier.
 """
 from __future__ import annotations
 
+import csv
+import gzip
 import json
 import re
 import sqlite3
@@ -14,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import ALL_CAPTURES
+from conftest import ALL_CAPTURES, EXAMPLES, GLM_CAPTURES
 
 from profattr.cli import cli
 from profattr.errors import ProfattrError
@@ -392,3 +395,188 @@ def test_sglang_captures_name_their_kernels(rules, export_example):
     assert names["DeviceScanKernel"] == names["DeviceScanInitKernel"] == "other"
     assert names["_reduce"] == "moe.finalize"
     assert names["_matmul_ogs_NNN_fp32xbf16xbf16_16x256x64x4"] == "moe.gemm"
+
+
+# --- the GLM-5-shaped SGLang decode (examples/h200/glm5): MLA + DSA indexer, 256 experts, FP8 block-quantized ------
+
+GLM_EXPECTED_ROWS = _read_tsv(DATA / "glm_expected.tsv")
+GLM_EXPECTED = [(re.compile(pattern), category, re.compile(family)) for pattern, category, family, _source
+                in GLM_EXPECTED_ROWS]
+KERNEL_NS_BY_NAME = """
+SELECT d.value, s.value, SUM(k."end" - k.start)
+FROM CUPTI_ACTIVITY_KIND_KERNEL k
+JOIN StringIds d ON d.id = k.demangledName JOIN StringIds s ON s.id = k.shortName
+GROUP BY k.demangledName, k.shortName"""
+MIN_GLM_SHARE = 0.99
+
+
+def _glm_expected_row(demangled: str):
+    """Index of the first glm_expected.tsv row whose pattern matches the demangled name, or None."""
+    return next((i for i, (rx, _c, _f) in enumerate(GLM_EXPECTED) if rx.search(demangled)), None)
+
+
+def _kernel_ns_by_name(path) -> tuple:
+    """([(demangled, short, kernel ns)], total kernel ns) of the export at PATH, both from SQL."""
+    conn = _ro(path)
+    try:
+        rows = conn.execute(KERNEL_NS_BY_NAME).fetchall()
+        total_ns = conn.execute(TOTAL_KERNEL_NS).fetchone()[0]
+    finally:
+        conn.close()
+    return rows, total_ns
+
+
+def test_glm_expected_table_is_well_formed(rules):
+    assert len(GLM_EXPECTED_ROWS) >= 40
+    for pattern, category, family, source in GLM_EXPECTED_ROWS:
+        assert category in rules.categories and category != UNCLASSIFIED, pattern
+        assert source, pattern
+        re.compile(pattern)
+        re.compile(family)
+
+
+@pytest.mark.parametrize("name", GLM_CAPTURES)
+def test_glm_capture_time_lands_in_the_expected_family(name, rules, export_example):
+    """Per (demangled, short) name pair the kernel time comes from SQL; at least 99 % of it must be classified and at
+    least 99 % must land in the category and family glm_expected.tsv gives for that name. Every kernel name of the
+    capture must have a row there."""
+    rows, total_ns = _kernel_ns_by_name(export_example(name))
+    assert total_ns > 0 and sum(ns for *_names, ns in rows) == total_ns
+    classified_ns = expected_ns = 0
+    missing, wrong = [], []
+    for demangled, short, ns in rows:
+        rule = rules.match(demangled, frozenset(), short=short)
+        if rule is not None:
+            classified_ns += ns
+        index = _glm_expected_row(demangled)
+        if index is None:
+            missing.append(short)
+            continue
+        _rx, category, family = GLM_EXPECTED[index]
+        if rule is not None and rule.category == category and family.fullmatch(rule.family):
+            expected_ns += ns
+        else:
+            wrong.append((short, rule.id if rule else None, ns))
+    assert not missing, f"{name}: kernels without a row in glm_expected.tsv: {sorted(set(missing))}"
+    assert classified_ns / total_ns >= MIN_GLM_SHARE, f"{name}: {classified_ns / total_ns:.2%} classified"
+    share = expected_ns / total_ns
+    assert share >= MIN_GLM_SHARE, f"{name}: {share:.2%} in the expected family; elsewhere: {wrong}"
+
+
+def test_glm_expected_rows_are_all_seen(export_example):
+    """No row of glm_expected.tsv is dead: each one names a kernel that some GLM capture runs."""
+    used = set()
+    for name in GLM_CAPTURES:
+        rows, _total = _kernel_ns_by_name(export_example(name))
+        used.update(_glm_expected_row(demangled) for demangled, _short, _ns in rows)
+    unused = [GLM_EXPECTED_ROWS[i][0] for i in range(len(GLM_EXPECTED_ROWS)) if i not in used]
+    assert not unused, unused
+
+
+# the six names the issue lists as misfiled before (issue #9 item 4), each read back from a capture that runs it
+GLM_MISFILED = [
+    ("glm5/glm-cutlass-bs1-r1", "get_group_gemm_starts", "moe.permute", "sglang_cutlass_moe", "(?i)moe"),
+    ("glm5/glm-cutlass-bs4-r1", "apply_shuffle_mul_sum_kernel", "moe.finalize", "sglang_cutlass_moe", "(?i)moe"),
+    ("glm5/glm-cutlass-bs8-r1", "shuffleRowsKernel", "moe.permute", "sglang_cutlass_moe", "(?i)moe"),
+    ("glm5/glm-triton-bs1-r1", "topk_main_kernel", "attention.indexer", "sglang_dsa_indexer", "(?i)indexer"),
+    ("glm5/glm-triton-eager", "fused_store_indexer_cache", "attention.indexer", "sglang_dsa_indexer", "(?i)indexer"),
+    ("glm5/glm-deep_gemm-r1", "silu_mul_quant_varlen_kernel", "moe.activation", "sglang_moe_activation", "(?i)moe"),
+]
+
+
+@pytest.mark.parametrize("capture,short,category,family,context", GLM_MISFILED,
+                         ids=[row[1] for row in GLM_MISFILED])
+def test_glm_formerly_misfiled_kernels(rules, export_example, capture, short, category, family, context):
+    conn = _ro(export_example(capture))
+    try:
+        names = [d for (d,) in conn.execute(
+            "SELECT DISTINCT d.value FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds d ON d.id = k.demangledName "
+            "JOIN StringIds s ON s.id = k.shortName WHERE s.value = ?", (short,))]
+    finally:
+        conn.close()
+    assert names, f"{capture} runs no {short}"
+    # the NVTX range the kernel runs in (the MoE block or the DSA indexer) must not pull it elsewhere either
+    ranges = {"(?i)moe": ["model.model.layers.3.mlp", "model.model.layers.3.mlp.experts"],
+              "(?i)indexer": ["model.model.layers.3.self_attn", "model.model.layers.3.self_attn.indexer"]}[context]
+    for demangled in names:
+        for contexts in (frozenset(), rules.contexts_for(ranges)):
+            rule = rules.match(demangled, contexts, short=short)
+            assert rule is not None and (rule.category, rule.family) == (category, family), (demangled, rule)
+    assert rules.classify("void get_group_gemm_starts<cutlass::float_e4m3_t, cutlass::bfloat16_t, float>(int *)") \
+        != "gemm.fp8"
+
+
+def test_glm_eager_nvtx_ranges_agree_with_the_source(rules, export_example):
+    """What each module of SGLang's GlmMoeDsaForCausalLM runs, from the layerwise NVTX ranges of the eager twin: the
+    MoE block is all moe.* (the shared JIT SiLU*mul and the per-token-group FP8 quant are refiled there, as the Triton
+    runner calls them between the expert GEMMs), the gate GEMMs (router_gemm_kernel, the prefill cuBLAS fallback) are
+    routing, the shared expert stays dense, the DSA indexer's own kernels are attention.indexer while its wq_b/wk/
+    weights_proj projections stay dense GEMMs."""
+    seen: dict = {}
+    for short, dem, texts in _launch_contexts(export_example("glm5/glm-triton-eager")):
+        module = re.sub(r"layers\.\d+", "layers.N", _module(texts))
+        rule = rules.match(dem, rules.contexts_for(texts), short=short)
+        assert rule is not None, (module, dem)
+        seen.setdefault(module, {}).setdefault(short, set()).add(rule.category)
+
+    def categories(module: str) -> set:
+        """Categories of the kernels launched inside MODULE or its submodules."""
+        return set().union(*(c for m, kernels in seen.items() if m == module or m.startswith(module + ".")
+                             for c in kernels.values()))
+
+    layer = "model.model.layers.N."
+    experts = seen[layer + "mlp.experts"]
+    assert experts["fused_moe_kernel"] == {"moe.gemm"}
+    assert experts["act_and_mul_kernel"] == {"moe.activation"}
+    assert experts["per_token_group_quant_8bit_v2_kernel"] == {"moe.quant"}
+    assert experts["moe_align_block_size_kernel"] == experts["count_and_sort_expert_tokens_kernel"] == {"moe.permute"}
+    assert experts["triton_per_fused_copy__mul_sum_0"] == {"moe.finalize"}
+    assert categories(layer + "mlp.experts") == {"moe.gemm", "moe.activation", "moe.quant", "moe.permute",
+                                                  "moe.finalize"}
+    gate = seen[layer + "mlp.gate"]
+    assert {"router_gemm_kernel", "nvjet_sm90_tss_64x32_64x16_4x2_h_bz_splitK_TNT", "splitKreduce_kernel"} <= set(gate)
+    assert categories(layer + "mlp.gate") == {"moe.routing"}
+    assert seen[layer + "mlp.topk"] == {"_router_triton_kernel": {"moe.routing"}}
+    assert categories(layer + "mlp.shared_experts") == {"gemm.fp8", "quant", "activation"}
+    assert categories(layer + "mlp.gate_up_proj") | categories(layer + "mlp.down_proj") == {"gemm.fp8", "quant"}
+    assert categories(layer + "mlp.act_fn") == {"activation"}
+
+    indexer = seen[layer + "self_attn.indexer"]
+    for kernel in ("sm90_fp8_paged_mqa_logits", "fast_hadamard_transform_kernel", "_act_quant_kernel",
+                   "fused_store_indexer_cache", "topk_main_kernel"):
+        assert indexer[kernel] == {"attention.indexer"}, kernel
+    assert indexer["nvjet_sm90_tss_64x8_64x16_1x1_h_bz_splitK_TNT"] == {"gemm.bf16"}  # weights_proj
+    assert categories(layer + "self_attn.indexer.wq_b") | categories(layer + "self_attn.indexer.wk") == \
+        {"gemm.fp8", "quant"}
+    assert seen[layer + "self_attn.indexer.k_norm"]["vectorized_layer_norm_kernel"] == {"norm"}
+    assert categories(layer + "self_attn.indexer.rotary_emb") == categories(layer + "self_attn.rotary_emb") == \
+        {"attention.rope"}
+    attn = seen[layer + "self_attn.attn_mqa"]
+    assert attn["flash_fwd_splitkv_mla_fp8_sparse_kernel"] == attn["flash_fwd_mla_combine_kernel"] == \
+        {"attention.decode"}
+    assert attn["_quantize_k_cache_fast_kernel"] == attn["set_mla_kv_buffer_kernel"] == {"attention.kv_write"}
+    assert attn["concat_mla_absorb_q_kernel"] == {"attention.other"}
+
+
+def test_glm_torch_profiler_and_ncu_names_classify(rules):
+    """The torch-profiler twin spells names the c++filt way ((anonymous namespace), <true, 1>); the ncu drills drop
+    namespaces. Both must classify as the nsys spelling does."""
+    with gzip.open(EXAMPLES / "glm5" / "glm-triton-torch-r1-TP-0.trace.json.gz", "rt") as handle:
+        events = [e for e in json.load(handle)["traceEvents"] if e.get("cat") == "kernel"]
+    total_us = sum(e["dur"] for e in events)
+    classified_us = sum(e["dur"] for e in events if rules.match(e["name"]) is not None)
+    assert events and classified_us / total_us >= MIN_GLM_SHARE
+    names = {e["name"] for e in events}
+
+    def categories(needle: str) -> set:
+        return {rules.classify(n) for n in names if needle in n}
+
+    assert categories("::topk_main_kernel<") == categories("::topk_plan(") == {"attention.indexer"}
+    assert categories("::fused_store_indexer_cache<") == {"attention.indexer"}
+    assert categories("::act_and_mul_kernel<") == {"activation"}
+    assert categories("::fused_rope_kernel<") == {"attention.rope"}
+    assert categories("flash_fwd_splitkv_mla_fp8_sparse_kernel") == {"attention.decode"}
+    for drill in ("glm-drill-cutlass", "glm-drill-triton", "glm-drill-triton-moe"):
+        with open(EXAMPLES / "glm5" / f"{drill}.ncu.csv", newline="", encoding="utf-8") as handle:
+            names = {row["Kernel Name"] for row in csv.DictReader(handle) if row["Kernel Name"]}
+        assert names and all(rules.match(n) is not None for n in names), (drill, names)
