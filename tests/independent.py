@@ -107,8 +107,16 @@ def expected_budget(path, step_cte: str, params: dict) -> dict:
     return result
 
 
+NVTX_LIKE_STEPS_CTE = NVTX_STEPS_CTE.replace("= :name", "LIKE :pattern")
+
+
 def expected_nvtx(path, name: str) -> dict:
     return expected_budget(path, NVTX_STEPS_CTE, {"name": name})
+
+
+def expected_nvtx_like(path, pattern: str) -> dict:
+    """As expected_nvtx, for every range whose text matches the SQL LIKE pattern (e.g. 'step[DECODE bs=%]')."""
+    return expected_budget(path, NVTX_LIKE_STEPS_CTE, {"pattern": pattern})
 
 
 def expected_graph(path) -> dict:

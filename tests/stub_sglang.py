@@ -14,7 +14,12 @@ It implements the behaviour the capture driver relies on, written from SGLang 0.
 - python/sglang/srt/managers/scheduler_components/profiler_manager.py: the window opens at once and, with
   `num_steps`, closes by itself after that many forward steps (prefill or decode), checked before each step;
 - python/sglang/srt/managers/tokenizer_manager.py: streamed `output_ids` are cumulative;
-  `meta_info` carries `prompt_tokens`, `completion_tokens` and `finish_reason` ({"type": "length", ...}).
+  `meta_info` carries `prompt_tokens`, `completion_tokens` and `finish_reason` ({"type": "length", ...});
+- python/sglang/srt/managers/scheduler_components/profiler_manager.py: activities "CPU"/"GPU" (the torch profiler)
+  write `{output_dir}/{profile_id}-TP-{rank}.trace.json.gz` per TP rank when the window closes (Chrome trace
+  JSON: here one `step[DECODE bs=N]` user_annotation per step (utils/profile_utils.py build_step_span_name), its
+  cudaLaunchKernel call and a kernel linked to it by correlation id);
+- python/sglang/srt/entrypoints/engine.py: the server logs `server_args=ServerArgs(...)` at start-up.
 
 One scheduler thread batches all running requests into forward steps, as SGLang's scheduler does; each step is an
 NVTX push/pop range `stub_forward_step`, and the profile window is a range `stub_profile_window` around the steps
@@ -97,6 +102,8 @@ class Scheduler(threading.Thread):
         self.profiling = False
         self.window_left = None
         self.stopped = threading.Event()
+        self.torch_window = None  # the /start_profile body of a torch-profiler window, and its events
+        self.torch_events: list = []
 
     # control requests run on this thread, between steps, and answer through a reply queue
     def call(self, op: str, body: dict) -> tuple:
@@ -109,6 +116,9 @@ class Scheduler(threading.Thread):
             return False, "Profiling is already in progress. Call /stop_profile first."
         self.profiling = True
         self.window_left = body.get("num_steps")
+        acts = body.get("activities") or ["CPU", "GPU"]
+        self.torch_window = body if ("CPU" in acts or "GPU" in acts) else None
+        self.torch_events = []
         _push("stub_profile_window")
         record("start_profile", body=body, forward_ct=self.forward_ct)
         log(f"Profiling starts (activities={body.get('activities')}, num_steps={self.window_left})")
@@ -119,9 +129,39 @@ class Scheduler(threading.Thread):
             return False, "Profiling is not in progress. Call /start_profile first."
         self.profiling = False
         _pop()
+        if self.torch_window is not None:
+            self._write_traces(self.torch_window)
+            self.torch_window = None
         record("stop_profile", reason=reason, forward_ct=self.forward_ct)
         log(f"Profiling done ({reason})")
         return True, "Succeeded"
+
+    def _write_traces(self, body: dict) -> None:
+        import gzip
+
+        out = body.get("output_dir") or "/tmp"
+        profile_id = body.get("profile_id") or str(time.time())
+        for rank in range(TP):
+            events = []
+            for i, (t0_us, t1_us, bs) in enumerate(self.torch_events):
+                corr = 100 + i
+                events += [
+                    {"ph": "X", "cat": "user_annotation", "name": f"step[DECODE bs={bs}]", "pid": 7, "tid": 7,
+                     "ts": t0_us, "dur": t1_us - t0_us, "args": {}},
+                    {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 7, "tid": 7,
+                     "ts": t0_us + 1.0, "dur": 2.0, "args": {"correlation": corr, "cbid": 211}},
+                    {"ph": "X", "cat": "kernel", "name": "void stub::decode_kernel<1>(float*)", "pid": rank,
+                     "tid": 7, "ts": t0_us + 5.0, "dur": max(1.0, (t1_us - t0_us) / 2),
+                     "args": {"device": rank, "stream": 7, "correlation": corr, "grid": [1, 1, 1],
+                              "block": [128, 1, 1]}}]
+            trace = {"schemaVersion": 1, "deviceProperties": [{"id": rank, "name": "stub GPU", "numSms": 1}],
+                     "distributedInfo": {"backend": "nccl", "rank": rank, "world_size": TP},
+                     "traceEvents": events}
+            path = os.path.join(out, f"{profile_id}-TP-{rank}.trace.json.gz")
+            with gzip.open(path + ".tmp", "wt") as fh:
+                json.dump(trace, fh)
+            os.replace(path + ".tmp", path)
+            record("trace", path=path, steps=len(self.torch_events))
 
     def run(self) -> None:
         while not self.stopped.is_set():
@@ -142,7 +182,10 @@ class Scheduler(threading.Thread):
     def _step(self) -> None:
         profiled = self.profiling
         _push("stub_forward_step")
+        t0 = time.perf_counter_ns() / 1e3
         time.sleep((PROFILED_STEP_MS if profiled else STEP_MS) / 1e3)
+        if profiled and self.torch_window is not None:
+            self.torch_events.append((t0, time.perf_counter_ns() / 1e3, len(self.running)))
         _pop()
         self.forward_ct += 1
         if profiled and self.window_left is not None:
@@ -266,12 +309,20 @@ def parse_args(argv):
     return p.parse_known_args(argv)
 
 
+TP = 1
+
+
 def main(argv=None) -> int:
+    global TP
     args, rest = parse_args(sys.argv[1:] if argv is None else argv)
+    TP = args.tp
     record("launch", argv=sys.argv[1:], model_path=args.model_path, tp=args.tp,
            moe_runner_backend=args.moe_runner_backend, port=args.port, extra=rest)
     log(f"server args: model_path={args.model_path} tp={args.tp} moe_runner_backend={args.moe_runner_backend} "
         f"port={args.port} extra={rest}")
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
+    print(f"[{stamp}] server_args=ServerArgs(model_path='{args.model_path}', tp_size={args.tp}, "
+          f"moe_runner_backend='{args.moe_runner_backend}', disable_cuda_graph=True)", flush=True)
     if CRASH_AFTER_S is not None:
         time.sleep(float(CRASH_AFTER_S))
         log("Scheduler hit an exception: RuntimeError: CUDA error: out of memory (simulated)")

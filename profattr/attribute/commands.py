@@ -35,7 +35,7 @@ def format_option(choices=("table", "json", "csv", "markdown")):
 
 
 @click.command()
-@click.argument("capture", type=click.Path(dir_okay=False))
+@click.argument("capture", type=click.Path())
 @steps_option
 @rules_option
 @format_option()
@@ -79,9 +79,19 @@ def _emit(text: str, output) -> None:
         click.echo(text)
 
 
-@click.command()
-@click.argument("a", type=click.Path(dir_okay=False))
-@click.argument("b", type=click.Path(dir_okay=False))
+class GroupsCommand(click.Command):
+    """`diff A1 A2 -- B1 B2`: what follows `--` is the second group (Click would otherwise drop the `--`)."""
+
+    def parse_args(self, ctx, args):
+        if "--" in args:
+            i = args.index("--")
+            ctx.meta["profattr_group_b"] = args[i + 1:]
+            args = args[:i]
+        return super().parse_args(ctx, args)
+
+
+@click.command(cls=GroupsCommand)
+@click.argument("captures", nargs=-1, required=True)
 @steps_option
 @rules_option
 @format_option(("table", "json", "markdown"))
@@ -95,18 +105,34 @@ def _emit(text: str, output) -> None:
               help="layer: also list the change per model layer (read from NVTX).")
 @click.option("--layer-range", "layer_range", metavar="REGEX", help=LAYER_RANGE_HELP)
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write to this file instead of stdout.")
-def diff(a, b, steps, skip_steps, rules, fmt, changed, samples, mapping_a, mapping_b, by, layer_range, output):
-    """Attribute the step-time change from capture A to capture B.
+def diff(captures, steps, skip_steps, rules, fmt, changed, samples, mapping_a, mapping_b, by, layer_range, output):
+    """Attribute the step-time change from capture A to capture B: `diff A B`, or from one group of replicate
+    captures to another: `diff A1 A2 -- B1 B2` (or `diff 'a-r*.sqlite' 'b-r*.sqlite'`, glob patterns quoted).
 
-    A and B are captures (.sqlite / .nsys-rep) or budget JSON files. Components (categories, idle, overlap)
-    add up exactly to the change of the median step time; with several GPUs running collectives, the time spent
-    waiting for the slowest rank is its own component (comm_wait).
+    Captures are .sqlite / .nsys-rep / torch-profiler traces, or budget JSON files. Components (categories by
+    kernel family, idle, overlap) add up exactly to the change of the median step time; with several GPUs running
+    collectives, the time spent waiting for the slowest rank is its own component (comm_wait). A component is
+    called a change only when its 95% interval (over steps and replicates) excludes 0 and it is at least 1 us or
+    0.5% of A's step.
     """
     import json
 
     from profattr.attribute.diff import compute_diff, load_sides
+    from profattr.errors import ProfattrError
     from profattr.report import diff_view
 
+    group_b = click.get_current_context().meta.get("profattr_group_b")
+    if group_b is not None:
+        if not group_b:
+            raise ProfattrError("nothing after `--`: give the second group of captures after it (diff A1 A2 -- B1 B2)")
+        a, b = list(captures), list(group_b)
+    elif len(captures) == 2:
+        a, b = captures
+    else:
+        raise ProfattrError(f"diff takes two captures (A B), or two groups split by `--` (A1 A2 -- B1 B2); got "
+                            f"{len(captures)} without `--`")
+    if samples < 1:
+        raise ProfattrError(f"--samples must be at least 1 (got {samples})")
     by = "layer" if layer_range is not None else by
     side_a, side_b = load_sides(a, b, steps, rules, mapping_a, mapping_b, by, layer_range, skip_steps)
     result = compute_diff(side_a, side_b, samples=samples, changed=changed)

@@ -1,4 +1,5 @@
-"""Attribute the step-time difference between two captures (B - A) to categories, kernels and idle time.
+"""Attribute the step-time difference between two captures, or two groups of replicate captures (B - A), to
+categories, kernel families and idle time.
 
 Per device the components add up exactly to the change of `step_ms` (the median step span):
 
@@ -8,38 +9,40 @@ so   delta(step_ms) = sum(delta category) - delta(overlap) + delta(idle) + delta
 
 With collectives on two or more GPUs (budget `comm`), the time a rank spent waiting for the slowest rank is split
 out of the comm categories into its own component `comm_wait` (the categories keep their transfer part), so the
-components still add up exactly.
-
-Each category's change is further split into a count part and a duration part:
-    delta = (count_B - count_A) * mean_duration_A + count_B * (mean_duration_B - mean_duration_A).
-Uncertainty: a bootstrap over steps (A's and B's steps resampled independently) gives a 95 % interval for the
-total and for every component; a component whose interval contains 0 is marked noise.
+components still add up exactly. A side of several replicates is their mean (every budget figure averaged; the
+identity above holds for each, so for the mean). Each category's change is split per kernel family into added,
+removed, and count and duration effects (diff_parts.py). Intervals and the practical threshold: diff_stats.py.
 """
 from __future__ import annotations
 
+import glob
 import json
 import os
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 import pandas as pd
 
-from profattr.attribute.budget import NS_PER_MS, Budget, compute_budget
+from profattr.attribute.budget import Budget, compute_budget
+from profattr.attribute.diff_parts import family_split, fingerprint, kernel_rows, layer_rows
+from profattr.attribute.diff_stats import COMM_WAIT, bootstrap, is_change, practical_ms
 from profattr.errors import ProfattrError
 from profattr.trace.reader import run_json_path
 
 SCHEMA = "profattr.diff/1"
 BOOTSTRAP_SAMPLES = 2000
 SEED = 20261130
+GLOB_CHARS = set("*?[")
 
 
 @dataclass
 class Side:
-    """One capture's budget, and its per-step tables when computed from a capture (not from JSON)."""
+    """One capture's budget, and its per-step tables when computed from a capture (not from JSON); with
+    replicates, the group's mean budget and the replicates themselves."""
 
     path: str
     budget: dict
@@ -47,51 +50,73 @@ class Side:
     per_step_category: pd.DataFrame | None
     run: dict | None
     per_step_comm: pd.DataFrame | None = None  # device, step, category, collective_ns, wait_ns
+    replicates: list = field(default_factory=list)  # the Sides a group averages ([] for one capture)
+
+    @property
+    def members(self) -> list:
+        return self.replicates or [self]
 
 
-COMM_WAIT = "comm_wait"
+def expand(spec) -> list:
+    """The captures a diff argument names: the path itself, or every match of a glob pattern (sorted)."""
+    text = str(spec)
+    if GLOB_CHARS & set(text) and not Path(text).exists():
+        found = sorted(glob.glob(text))
+        if not found:
+            raise ProfattrError(f"{text}: no capture matches this pattern")
+        return found
+    return [text]
 
 
 def load_sides(a, b, steps: str = "auto", rules: Sequence = (), mapping_a=None, mapping_b=None,
                by: str = "category", layer_range: str | None = None, skip_steps=None) -> tuple:
-    """Both sides of a diff; two captures are read in two processes at once when the machine has the cores
-    (each budget is independent, so the diff costs about one budget's wall time)."""
-    args_a = (a, steps, tuple(rules), mapping_a, by, layer_range, skip_steps)
-    args_b = (b, steps, tuple(rules), mapping_b, by, layer_range, skip_steps)
-    both_captures = not str(a).endswith(".json") and not str(b).endswith(".json")
-    if both_captures and (os.cpu_count() or 1) >= 2:
+    """Both sides of a diff (a path, a glob, or a list of replicate paths each). Captures are read in parallel
+    processes when the machine has the cores (each budget is independent)."""
+    group_a = [p for x in (a if isinstance(a, (list, tuple)) else [a]) for p in expand(x)]
+    group_b = [p for x in (b if isinstance(b, (list, tuple)) else [b]) for p in expand(x)]
+    jobs = [(p, steps, tuple(rules), mapping_a, by, layer_range, skip_steps) for p in group_a]
+    jobs += [(p, steps, tuple(rules), mapping_b, by, layer_range, skip_steps) for p in group_b]
+    sides = None
+    if all(not str(j[0]).endswith(".json") for j in jobs) and (os.cpu_count() or 1) >= 2:
         try:
-            with ProcessPoolExecutor(max_workers=2) as pool:
-                fa, fb = pool.submit(load_side, *args_a), pool.submit(load_side, *args_b)
-                return fa.result(), fb.result()
+            with ProcessPoolExecutor(max_workers=min(len(jobs), os.cpu_count() or 2)) as pool:
+                futures = [pool.submit(load_side, *j) for j in jobs]
+                sides = [f.result() for f in futures]
         except (OSError, BrokenProcessPool):
-            pass  # no worker processes here (sandboxes, limits): read them one after the other
-    return load_side(*args_a), load_side(*args_b)
+            sides = None  # no worker processes here (sandboxes, limits): read them one after the other
+    if sides is None:
+        sides = [load_side(*j) for j in jobs]
+    return group(sides[:len(group_a)]), group(sides[len(group_a):])
 
 
 def load_side(path, steps: str = "auto", rules: Sequence = (), mapping=None, by: str = "category",
               layer_range: str | None = None, skip_steps=None) -> Side:
-    """A capture (.sqlite / .nsys-rep) or a budget JSON file written by `profattr budget --format json`.
-
-    `mapping`: an eager capture lending NVTX context to the capture's replayed graph ops; `by="layer"` /
-    `layer_range`: per-layer rows (both as in budget.compute_budget).
-    """
+    """A capture (.sqlite / .nsys-rep / torch traces) or a budget JSON file written by `profattr budget --format
+    json`. `mapping`, `by`, `layer_range`, `skip_steps`: as in budget.compute_budget."""
     p = Path(path)
     run = _run_json(p)
-    if mapping is not None and p.suffix == ".json":
+    if mapping is not None and p.suffix == ".json" and not p.name.endswith(".trace.json"):
         raise ProfattrError(f"{p}: --mapping applies to captures, not to budget JSON files")
-    if p.suffix == ".json":
+    if p.suffix == ".json" and p.is_file() and _is_budget_json(p):
         try:
             data = json.loads(p.read_text())
         except (OSError, ValueError) as exc:
             raise ProfattrError(f"{p}: not a readable budget JSON ({exc})") from None
-        if data.get("schema") != "profattr.budget/1":
-            raise ProfattrError(f"{p}: not a profattr budget (schema {data.get('schema')!r}); write one with "
-                                "`profattr budget CAPTURE --format json`")
         return Side(str(p), data, None, None, run)
     b: Budget = compute_budget(p, steps=steps, rules=rules, mapping=mapping, by=by, layer_range=layer_range,
                                skip_steps=skip_steps)
     return Side(str(p), b.to_dict(), b.per_step, b.per_step_category, run, b.per_step_comm)
+
+
+def _is_budget_json(p: Path) -> bool:
+    """A budget JSON (written by `profattr budget --format json`), as opposed to a torch-profiler trace."""
+    with p.open("rb") as fh:
+        head = fh.read(4096)
+    if b'"traceEvents"' in head:
+        return False
+    if b'"schema"' in head and b"profattr.budget/" not in head:
+        raise ProfattrError(f"{p}: not a profattr budget; write one with `profattr budget CAPTURE --format json`")
+    return True
 
 
 def _run_json(p: Path) -> dict | None:
@@ -104,9 +129,64 @@ def _run_json(p: Path) -> dict | None:
     return None
 
 
+def group(sides: list) -> Side:
+    """One side from replicates: itself for one capture, else their mean budget (devices all of them ran)."""
+    if len(sides) == 1:
+        return sides[0]
+    budgets = [s.budget for s in sides]
+    common = set.intersection(*[{d["device"] for d in b["devices"]} for b in budgets])
+    devices = [_mean_device([next(d for d in b["devices"] if d["device"] == dev) for b in budgets])
+               for dev in sorted(common)]
+    first = budgets[0]
+    merged = dict(first, devices=devices,
+                  capture=dict(first["capture"], path=[s.path for s in sides]),
+                  steps=dict(first["steps"], count=sum(b["steps"]["count"] for b in budgets),
+                             replicates=len(sides)))
+    return Side(f"{len(sides)} replicates: " + ", ".join(Path(s.path).name for s in sides), merged, None, None,
+                sides[0].run, replicates=list(sides))
+
+
+SCALARS = ("step_ms", "mean_step_ms", "busy_ms_per_step", "idle_ms_per_step", "overlap_ms_per_step",
+           "kernels_per_step", "memops_per_step", "unclassified_share")
+
+
+def _mean_rows(rows_per_replicate: list, key, fields=("ms_per_step", "count_per_step")) -> list:
+    n = len(rows_per_replicate)
+    acc: dict = {}
+    order: list = []
+    for rows in rows_per_replicate:
+        for r in rows:
+            k = key(r)
+            if k not in acc:
+                acc[k] = dict(r, **{f: 0.0 for f in fields})
+                order.append(k)
+            for f in fields:
+                acc[k][f] += r[f] / n
+    return sorted((acc[k] for k in order), key=lambda r: -r[fields[0]])
+
+
+def _mean_device(ds: list) -> dict:
+    n = len(ds)
+    out = {"device": ds[0]["device"], "steps": sum(d["steps"] for d in ds), "replicates": n}
+    for f in SCALARS:
+        out[f] = sum(d[f] for d in ds) / n
+    out["categories"] = _mean_rows([d["categories"] for d in ds], lambda r: r["category"])
+    out["kernels"] = _mean_rows([d["kernels"] for d in ds], lambda r: (r["name"], r["demangled"], r["category"],
+                                                                        r.get("family")))
+    if all(d.get("comm") for d in ds):
+        comm = {f: sum(d["comm"][f] for d in ds) / n
+                for f in ("collective_ms_per_step", "transfer_ms_per_step", "wait_ms_per_step")}
+        comm["by_category"] = _mean_rows([d["comm"]["by_category"] for d in ds], lambda r: r["category"],
+                                         ("collective_ms_per_step", "wait_ms_per_step"))
+        out["comm"] = comm
+    if all(d.get("layers") is not None for d in ds):
+        out["layers"] = _mean_rows([d["layers"] for d in ds], lambda r: r["layer"])
+    return out
+
+
 def compute_diff(a: Side, b: Side, samples: int = BOOTSTRAP_SAMPLES, changed: str | None = None) -> dict:
     """The diff dict (`profattr.diff/1`). `changed` names the category family the user changed between the two
-    captures (e.g. `moe`); by default `moe` when the two run.json files name different backends."""
+    sides (e.g. `moe`); by default `moe` when the two run.json files name different backends."""
     devices_a = [d["device"] for d in a.budget["devices"]]
     devices_b = [d["device"] for d in b.budget["devices"]]
     if not devices_a or not devices_b:
@@ -115,13 +195,13 @@ def compute_diff(a: Side, b: Side, samples: int = BOOTSTRAP_SAMPLES, changed: st
     pairs = ([(d, d) for d in devices_a if d in devices_b] if set(devices_a) & set(devices_b)
              else list(zip(devices_a, devices_b)))
     rng = np.random.default_rng(SEED)
-    out_devices = []
-    for da, db in pairs:
-        out_devices.append(_device_diff(a, b, da, db, rng, samples))
+    out_devices = [_device_diff(a, b, da, db, rng, samples) for da, db in pairs]
     result = {
         "schema": SCHEMA,
-        "a": {"path": a.path, "steps": a.budget["steps"], "backend": (a.run or {}).get("backend")},
-        "b": {"path": b.path, "steps": b.budget["steps"], "backend": (b.run or {}).get("backend")},
+        "a": {"path": a.path, "steps": a.budget["steps"], "backend": (a.run or {}).get("backend"),
+              "replicates": len(a.members)},
+        "b": {"path": b.path, "steps": b.budget["steps"], "backend": (b.run or {}).get("backend"),
+              "replicates": len(b.members)},
         "devices": out_devices,
     }
     if changed is None and a.run and b.run and a.run.get("backend") != b.run.get("backend"):
@@ -145,7 +225,7 @@ def same_kernel_warnings(result: dict, changed: str) -> list:
     return warnings
 
 
-def _components_from_budget(d: dict) -> dict:
+def components_of(d: dict) -> dict:
     """Component values (ms/step) whose sum is step_ms."""
     comp = {f"category:{c['category']}": c["ms_per_step"] for c in d["categories"]}
     comm = d.get("comm")
@@ -159,14 +239,19 @@ def _components_from_budget(d: dict) -> dict:
     return comp
 
 
+def _wait_of(d: dict, cat: str) -> float:
+    return next((c["wait_ms_per_step"] for c in (d.get("comm") or {}).get("by_category", [])
+                 if c["category"] == cat), 0.0)
+
+
 def _device_diff(a: Side, b: Side, da: int, db: int, rng, samples: int) -> dict:
     A = next(d for d in a.budget["devices"] if d["device"] == da)
     B = next(d for d in b.budget["devices"] if d["device"] == db)
-    ca, cb = _components_from_budget(A), _components_from_budget(B)
-    names = sorted(set(ca) | set(cb), key=lambda n: -abs(cb.get(n, 0.0) - ca.get(n, 0.0)))
+    ca, cb = components_of(A), components_of(B)
+    names = sorted(set(ca) | set(cb), key=lambda n: (-abs(cb.get(n, 0.0) - ca.get(n, 0.0)), n))
     delta_step = B["step_ms"] - A["step_ms"]
-    cats_a, cats_b = _transfer_categories(A), _transfer_categories(B)
-    boot = _bootstrap(a, b, da, db, rng, samples)
+    threshold = practical_ms(A["step_ms"])
+    boot = bootstrap(a.members, b.members, da, db, sorted(names), rng, samples)
     components = []
     for name in names:
         delta = cb.get(name, 0.0) - ca.get(name, 0.0)
@@ -174,183 +259,41 @@ def _device_diff(a: Side, b: Side, da: int, db: int, rng, samples: int) -> dict:
                "delta_ms_per_step": delta}
         if name.startswith("category:"):
             cat = name.split(":", 1)[1]
-            row.update(_count_duration_split(cats_a.get(cat), cats_b.get(cat)))
-            row["kernels"] = _kernel_rows(A, B, cat)
+            split = family_split(A, B, cat)
+            # a comm category's component is its transfer part: the change of its wait went to comm_wait
+            split["moved_to_comm_wait_ms"] = -(_wait_of(B, cat) - _wait_of(A, cat))
+            row.update(split)
+            row["kernels"] = kernel_rows(A, B, cat)
         ci = boot.get(name) if boot else None
         row["ci95"] = ci
-        row["noise"] = bool(ci is not None and ci[0] <= 0.0 <= ci[1])
+        row["change"] = is_change(delta, ci, threshold) and name != "step_variability"
+        row["noise"] = not row["change"]
         components.append(row)
     total_ci = boot.get("step_ms") if boot else None
     return {
         "device": da if da == db else f"{da}->{db}",
         "step_ms": {"a": A["step_ms"], "b": B["step_ms"], "delta": delta_step, "ci95": total_ci,
-                    "relative": delta_step / A["step_ms"] if A["step_ms"] else None},
+                    "relative": delta_step / A["step_ms"] if A["step_ms"] else None,
+                    "change": is_change(delta_step, total_ci, threshold)},
+        "practical_threshold_ms": threshold,
         "kernels_per_step": {"a": A["kernels_per_step"], "b": B["kernels_per_step"]},
         "components": components,
         "closure_ms": delta_step - sum(c["delta_ms_per_step"] for c in components),
         "fingerprint": fingerprint(A, B),
         "layers": layer_rows(A, B),
-        "bootstrap": {"samples": samples if boot else 0,
+        "bootstrap": {"samples": samples if boot else 0, "replicates": [len(a.members), len(b.members)],
                       "note": None if boot else "budget JSON input: no per-step data, no intervals"},
     }
 
 
-def _transfer_categories(d: dict) -> dict:
-    """category -> budget category row, with comm categories reduced to their transfer part (see comm_wait)."""
-    cats = {c["category"]: dict(c) for c in d["categories"]}
-    for c in (d.get("comm") or {}).get("by_category", []):
-        if c["category"] in cats:
-            cats[c["category"]]["ms_per_step"] -= c["wait_ms_per_step"]
-    return cats
-
-
-def _count_duration_split(ca: dict | None, cb: dict | None) -> dict:
-    n_a = ca["count_per_step"] if ca else 0.0
-    n_b = cb["count_per_step"] if cb else 0.0
-    mean_a = (ca["ms_per_step"] / n_a) if ca and n_a else 0.0
-    mean_b = (cb["ms_per_step"] / n_b) if cb and n_b else 0.0
-    if not ca:  # new category in B: all of it is "count"
-        return {"count_delta_per_step": n_b, "from_count_ms": cb["ms_per_step"], "from_duration_ms": 0.0}
-    if not cb:
-        return {"count_delta_per_step": -n_a, "from_count_ms": -ca["ms_per_step"], "from_duration_ms": 0.0}
-    return {"count_delta_per_step": n_b - n_a, "from_count_ms": (n_b - n_a) * mean_a,
-            "from_duration_ms": n_b * (mean_b - mean_a)}
-
-
-def _kernel_rows(A: dict, B: dict, cat: str, top: int = 6) -> dict:
-    """The category's kernels in A and B (by name), matched by role: same category; shared names pair up."""
-    ka = {k["name"]: k for k in A["kernels"] if k["category"] == cat}
-    kb = {k["name"]: k for k in B["kernels"] if k["category"] == cat}
-    shared = sorted(set(ka) & set(kb), key=lambda n: -abs(kb[n]["ms_per_step"] - ka[n]["ms_per_step"]))
-    only_a = sorted(set(ka) - set(kb), key=lambda n: -ka[n]["ms_per_step"])
-    only_b = sorted(set(kb) - set(ka), key=lambda n: -kb[n]["ms_per_step"])
-    return {
-        "shared": [{"name": n, "a_ms_per_step": ka[n]["ms_per_step"], "b_ms_per_step": kb[n]["ms_per_step"],
-                    "a_count_per_step": ka[n]["count_per_step"], "b_count_per_step": kb[n]["count_per_step"]}
-                   for n in shared[:top]],
-        "only_a": [{"name": n, "ms_per_step": ka[n]["ms_per_step"], "count_per_step": ka[n]["count_per_step"]}
-                   for n in only_a[:top]],
-        "only_b": [{"name": n, "ms_per_step": kb[n]["ms_per_step"], "count_per_step": kb[n]["count_per_step"]}
-                   for n in only_b[:top]],
-    }
-
-
-def layer_rows(A: dict, B: dict) -> list | None:
-    """Per layer (budgets made with by="layer" on both sides): A and B ms and ops per step, and the change.
-
-    Informational: the rows add up to the change of summed op time, not of the step (idle and overlap are not per
-    layer); None when either budget has no layers.
-    """
-    if A.get("layers") is None or B.get("layers") is None:
-        return None
-    la = {r["layer"]: r for r in A["layers"]}
-    lb = {r["layer"]: r for r in B["layers"]}
-    order = [r["layer"] for r in B["layers"]] + [r["layer"] for r in A["layers"] if r["layer"] not in lb]
-    rows = []
-    for layer in order:
-        ra, rb = la.get(layer), lb.get(layer)
-        a_ms = ra["ms_per_step"] if ra else 0.0
-        b_ms = rb["ms_per_step"] if rb else 0.0
-        rows.append({"layer": layer, "a_ms_per_step": a_ms, "b_ms_per_step": b_ms, "delta_ms_per_step": b_ms - a_ms,
-                     "a_count_per_step": ra["count_per_step"] if ra else 0.0,
-                     "b_count_per_step": rb["count_per_step"] if rb else 0.0})
-    return rows
-
-
-def fingerprint(A: dict, B: dict) -> dict:
-    """Per category: kernel families (taxonomy `family`, else the kernel name) only in A, only in B, in both."""
-    def fams(d):
-        out: dict = {}
-        for k in d["kernels"]:
-            out.setdefault(k["category"], set()).add(k.get("family") or k["name"])
-        return out
-    fa, fb = fams(A), fams(B)
-    result = {}
-    for cat in sorted(set(fa) | set(fb)):
-        sa, sb = fa.get(cat, set()), fb.get(cat, set())
-        result[cat] = {"only_a": sorted(sa - sb), "only_b": sorted(sb - sa), "both": sorted(sa & sb)}
-    return result
-
-
-def _step_matrix(side: Side, device: int, names: list) -> np.ndarray | None:
-    """Steps x components matrix (ms), plus span (last column) and op time, for bootstrapping."""
-    ps, psc = side.per_step, side.per_step_category
-    if ps is None or psc is None:
-        return None
-    steps = ps[ps["device"] == device].set_index("step")
-    if steps.empty:
-        return None
-    cat = psc[psc["device"] == device].pivot_table(index="step", columns="category", values="ns",
-                                                   aggfunc="sum", fill_value=0)
-    cat = cat.reindex(steps.index, fill_value=0)
-    wait = None
-    d = next((x for x in side.budget["devices"] if x["device"] == device), {})
-    if d.get("comm") and side.per_step_comm is None:
-        return None  # the comm_wait split needs per-step waits; without them no interval is better than a wrong one
-    if side.per_step_comm is not None:
-        pc = side.per_step_comm[side.per_step_comm["device"] == device]
-        if len(pc):
-            wait = pc.pivot_table(index="step", columns="category", values="wait_ns", aggfunc="sum",
-                                  fill_value=0).reindex(steps.index, fill_value=0)
-    cols = []
-    for name in names:
-        if name.startswith("category:"):
-            c = name.split(":", 1)[1]
-            col = cat[c].to_numpy(dtype=float) if c in cat.columns else np.zeros(len(steps))
-            if wait is not None and c in wait.columns:
-                col = col - wait[c].to_numpy(dtype=float)
-            cols.append(col)
-        elif name == COMM_WAIT:
-            cols.append(wait.to_numpy(dtype=float).sum(axis=1) if wait is not None else np.zeros(len(steps)))
-        elif name == "idle":
-            cols.append((steps["span_ns"] - steps["busy_ns"]).to_numpy(dtype=float))
-        elif name == "overlap":
-            cols.append(-(steps["op_ns"] - steps["busy_ns"]).to_numpy(dtype=float))
-        else:  # step_variability is computed from the span column
-            cols.append(np.zeros(len(steps)))
-    cols.append(steps["span_ns"].to_numpy(dtype=float))
-    return np.stack(cols, axis=1) / NS_PER_MS
-
-
-def _bootstrap(a: Side, b: Side, da: int, db: int, rng, samples: int) -> dict | None:
-    A = next(d for d in a.budget["devices"] if d["device"] == da)
-    B = next(d for d in b.budget["devices"] if d["device"] == db)
-    names = sorted(set(_components_from_budget(A)) | set(_components_from_budget(B)))
-    ma, mb = _step_matrix(a, da, names), _step_matrix(b, db, names)
-    if ma is None or mb is None or len(ma) < 2 or len(mb) < 2:
-        return None
-    ia = rng.integers(0, len(ma), size=(samples, len(ma)))
-    ib = rng.integers(0, len(mb), size=(samples, len(mb)))
-    out = {}
-    span_a, span_b = ma[:, -1][ia], mb[:, -1][ib]  # samples x steps
-    med = np.median(span_b, axis=1) - np.median(span_a, axis=1)
-    out["step_ms"] = _ci(med)
-    for j, name in enumerate(names):
-        if name == "step_variability":
-            v = (np.median(span_b, axis=1) - span_b.mean(axis=1)) - (np.median(span_a, axis=1) - span_a.mean(axis=1))
-        else:
-            v = mb[:, j][ib].mean(axis=1) - ma[:, j][ia].mean(axis=1)
-        out[name] = _ci(v)
-    return out
-
-
-def _ci(values: np.ndarray) -> list:
-    lo, hi = np.percentile(values, [2.5, 97.5])
-    return [float(lo), float(hi)]
-
-
 def verdict(result: dict) -> str:
-    """One line: how much slower or faster B is, whether that is beyond noise, and the largest causes."""
+    """One line: how much slower or faster B is, whether that is a change at all, and the largest causes."""
     parts = []
     for d in result["devices"]:
         s = d["step_ms"]
         rel = f" ({100.0 * s['relative']:+.1f}%)" if s.get("relative") is not None else ""
-        ci = s.get("ci95")
-        sig = ""
-        if ci is not None:
-            sig = " within noise" if ci[0] <= 0.0 <= ci[1] else ""
-        real = [c for c in d["components"] if not c["noise"] and abs(c["delta_ms_per_step"]) > 1e-6
-                and c["component"] != "step_variability"]
+        sig = "" if s.get("change", True) else " within noise"
+        real = [c for c in d["components"] if c["change"]]
         real.sort(key=lambda c: -abs(c["delta_ms_per_step"]))
         causes = ", ".join(f"{c['component']} {c['delta_ms_per_step']:+.3f} ms" for c in real[:3])
         parts.append(f"GPU {d['device']}: B {s['delta']:+.3f} ms/step{rel} vs A{sig}"

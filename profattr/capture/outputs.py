@@ -111,7 +111,7 @@ def finish_outputs(p_dir: Path, name: str, run: dict, nsys_path: str | None, imp
         run["commands"]["ncu_export"] = [*ncu.export_command("ncu", ncu_report.name), ">", ncu_csv.name]
         ncu.export_csv(ncu_path, ncu_report, ncu_csv)
     traces = sglang.trace_files(p_dir, name) if p_dir.is_dir() else []
-    readable = sqlite if sqlite.exists() else (traces[0] if len(traces) == 1 else p_dir if traces else None)
+    readable = sqlite if sqlite.exists() else (traces[0] if len(traces) == 1 else traces if traces else None)
     if readable is not None and run.get("profiler") != "ncu":
         try:
             findings, budget = evaluate(readable, run)

@@ -44,24 +44,15 @@ def check_records(source) -> Finding:
                    f"{gaps['usual_gap']}): {CAUSE}", data)
 
 
-def check_window_coverage(ops, ranges, facts) -> Finding:
-    """GPU activity against the span of the window's other records (NVTX ranges and CUDA calls)."""
+def check_window_coverage(ops, source) -> Finding:
+    """GPU activity against the span of the window's other records (CUDA calls and NVTX ranges)."""
     if not len(ops):
         return Finding("window_coverage", SKIP, "no GPU work")
-    starts = [ops.start.min()]
-    ends = [ops.end.max()]
-    other_start, other_end = [], []
-    if len(ranges):
-        frame = ranges.frame
-        other_start.append(int(frame["start"].min()))
-        other_end.append(int(frame["end"].max()))
-    if len(facts.api["start"]):
-        other_start.append(int(facts.api["start"].min()))
-        other_end.append(int(facts.api["end"].max()))
-    if not other_start:
+    r0, r1 = source.record_span()
+    if r0 is None:
         return Finding("window_coverage", SKIP, "no NVTX ranges or CUDA calls to compare the GPU work with")
-    w0, w1 = min(other_start + starts), max(other_end + ends)
-    g0, g1 = int(min(starts)), int(max(ends))
+    g0, g1 = int(ops.start.min()), int(ops.end.max())
+    w0, w1 = min(int(r0), g0), max(int(r1), g1)
     window_ms, gpu_ms = (w1 - w0) / 1e6, (g1 - g0) / 1e6
     share = gpu_ms / window_ms if window_ms > 0 else 1.0
     data = {"window_ms": window_ms, "gpu_ms": gpu_ms, "share": share, "gpu_starts_at_ms": (g0 - w0) / 1e6,

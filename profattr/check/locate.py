@@ -18,7 +18,7 @@ class Capture:
     """What `check` looks at: the readable capture (None when not exported yet) and run.json (None for a bare
     capture)."""
 
-    path: Path | None
+    path: "Path | list | None"  # an export or trace; a list of rank trace files
     run: dict | None
     run_path: Path | None
 
@@ -52,7 +52,7 @@ def _capture_of_run(run_path: Path, run: dict) -> Path | None:
         if len(paths) == 1:
             return paths[0]
         if paths:
-            return run_path.parent  # several ranks: the folder (the reader takes the traces in it)
+            return paths  # several ranks: their files
     return None
 
 

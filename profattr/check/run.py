@@ -50,7 +50,7 @@ def evaluate(path, run: dict | None = None, twin=None) -> tuple:
             findings += [recording.check_graph_nodes(facts),
                          recording.check_devices(run, facts, len(source.gpus)),
                          completeness.check_records(source),
-                         completeness.check_window_coverage(ops, ranges, facts),
+                         completeness.check_window_coverage(ops, source),
                          completeness.check_steps_with_work(budget),
                          completeness.check_graphs_recorded(run, facts),
                          completeness.check_profiler_version(run, source, facts),

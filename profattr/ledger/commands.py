@@ -50,7 +50,7 @@ def ledger():
 
 
 @ledger.command("add")
-@click.argument("captures", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.argument("captures", nargs=-1, required=True, type=click.Path())
 @click.option("--label", "labels", multiple=True,
               help="Name of the entry; once per capture, in order (default: run.json's name, else the file name).")
 @ledger_option

@@ -82,7 +82,7 @@ def _gap_model(capture: Path, model: Optional[str], quant, tp, context_len, run_
 
 
 @click.command("gap")
-@click.argument("capture", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("capture", type=click.Path(path_type=Path))
 @click.option("--model", "-m", "model", default=None,
               help="Model preset or config.json (default: the workload recorded in NAME.run.json).")
 @click.option("--quant", default=None, help="Quantization scheme with a config.json (see `profattr limit`).")

@@ -221,8 +221,10 @@ def component_reason(c: dict) -> str:
     """One line for a diff component: its change, count vs duration, kernels found on one side only."""
     text = f"{c['delta_ms_per_step']:+.3f} ms"
     if "from_count_ms" in c:
-        text += (f" ({c['from_count_ms']:+.3f} from the kernel count, {c['count_delta_per_step']:+.1f}/step; "
-                 f"{c['from_duration_ms']:+.3f} from durations)")
+        from profattr.report.diff_view import family_note
+
+        parts = family_note(c)
+        text += f" ({parts})" if parts else ""
     kernels = c.get("kernels") or {}
     only_a = [k["name"] for k in kernels.get("only_a", [])]
     only_b = [k["name"] for k in kernels.get("only_b", [])]

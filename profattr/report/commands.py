@@ -118,7 +118,7 @@ def _drill_items(drills, captures) -> list:
 
 
 @click.command()
-@click.argument("captures", nargs=-1, type=click.Path(dir_okay=False))
+@click.argument("captures", nargs=-1, type=click.Path())
 @click.option("-o", "--output", "output", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Folder to write report.md and its PNG charts into (created when missing).")
 @steps_option

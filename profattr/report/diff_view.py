@@ -22,6 +22,17 @@ def _kernel_line(row: dict, width: int = 60) -> str:
     return f"{cut(a) or '-'} -> {cut(b) or '-'}"
 
 
+def family_note(c: dict) -> str:
+    """A category's change in parts: added and removed families, count and duration effects of shared ones."""
+    parts = []
+    for key, label in (("added_ms", "added"), ("removed_ms", "removed"), ("from_count_ms", "count"),
+                       ("from_duration_ms", "duration"), ("moved_to_comm_wait_ms", "to comm_wait")):
+        v = c.get(key) or 0.0
+        if abs(v) >= 5e-4:
+            parts.append(f"{label} {v:+.3f}")
+    return ", ".join(parts)
+
+
 def render_table(diff: dict) -> str:
     lines = [f"A: {diff['a']['path']}", f"B: {diff['b']['path']}"]
     for w in diff.get("warnings", []):
@@ -38,8 +49,7 @@ def render_table(diff: dict) -> str:
                 continue
             note = "noise" if c["noise"] else ""
             if "from_count_ms" in c and abs(c["delta_ms_per_step"]) >= 5e-4:
-                note += (f"{'; ' if note else ''}count {c['count_delta_per_step']:+.1f}/step -> "
-                         f"{c['from_count_ms']:+.3f}, duration -> {c['from_duration_ms']:+.3f}")
+                note += f"{'; ' if note else ''}{family_note(c)}"
             lines.append(f"  {c['component']:<28}{c['a_ms_per_step']:>9.3f}{c['b_ms_per_step']:>9.3f}"
                          f"{c['delta_ms_per_step']:>+10.3f}  {_ci(c['ci95']):<20} {note}")
             kl = _kernel_line(c)
@@ -69,16 +79,18 @@ def render_markdown(diff: dict, a_label: str = "A", b_label: str = "B") -> str:
                    f"{d['kernels_per_step']['a']:.1f} → {d['kernels_per_step']['b']:.1f}")
         out.append("")
         out.append(f"| component | {md_escape(a_label)} ms | {md_escape(b_label)} ms | Δ ms | 95% CI | "
-                   "from count | from duration | kernels (only A → only B) |")
-        out.append("|---|---:|---:|---:|---|---:|---:|---|")
+                   "families added / removed | from count | from duration | kernels (only A → only B) |")
+        out.append("|---|---:|---:|---:|---|---:|---:|---:|---|")
         for c in d["components"]:
             if abs(c["delta_ms_per_step"]) < 5e-5 and abs(c["a_ms_per_step"]) < 5e-5:
                 continue
             ci = _ci(c["ci95"]) + (" (noise)" if c["noise"] else "")
             fc = f"{c['from_count_ms']:+.3f}" if "from_count_ms" in c else ""
             fd = f"{c['from_duration_ms']:+.3f}" if "from_duration_ms" in c else ""
+            ar = (f"{c['added_ms']:+.3f} / {c['removed_ms']:+.3f}" if "added_ms" in c else "")
             out.append(f"| {md_escape(c['component'])} | {c['a_ms_per_step']:.3f} | {c['b_ms_per_step']:.3f} | "
-                       f"{c['delta_ms_per_step']:+.3f} | {ci} | {fc} | {fd} | {md_escape(_kernel_line(c, 48))} |")
+                       f"{c['delta_ms_per_step']:+.3f} | {ci} | {ar} | {fc} | {fd} | "
+                       f"{md_escape(_kernel_line(c, 48))} |")
         out.append("")
         if d.get("layers"):
             out.append(f"| layer | {md_escape(a_label)} ms | {md_escape(b_label)} ms | Δ ms | ops/step |")

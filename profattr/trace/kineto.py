@@ -104,8 +104,12 @@ class KinetoTrace:
     nsys_version = None
 
     def __init__(self, path):
-        self.path = Path(path)
-        self.files = trace_files(self.path)
+        if isinstance(path, (list, tuple)):  # the rank files of one capture
+            self.files = [Path(p) for p in path]
+            self.path = self.files[0].parent if len(self.files) > 1 else self.files[0]
+        else:
+            self.path = Path(path)
+            self.files = trace_files(self.path)
         self.names: dict = {}
         self._gpu = _Columns(["start", "end", "device", "stream", "key", "name", "kind", "gx", "gy", "gz",
                               "bx", "by", "bz"])
@@ -303,6 +307,11 @@ class KinetoTrace:
 
     def node_creation(self):
         return None  # torch traces do not record CUDA-graph node creation
+
+    def record_span(self) -> tuple:
+        starts = [a["start"].min() for a in (self._api_arrays, self._range_arrays) if len(a["start"])]
+        ends = [a["end"].max() for a in (self._api_arrays, self._range_arrays) if len(a["end"])]
+        return (int(min(starts)), int(max(ends))) if starts else (None, None)
 
     def api_keys(self) -> np.ndarray:
         return self._api_arrays["key"]

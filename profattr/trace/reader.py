@@ -78,6 +78,15 @@ class Export:
             return {c: np.zeros(0, dtype=np.int64) for c in cols}
         return self.arrays(load_query("check_kernel_sequence"), cols)
 
+    def record_span(self) -> tuple:
+        """(first start, last end) of the CPU-side records (CUDA calls, NVTX ranges); (None, None) without any."""
+        runtime = (f'SELECT min(start) AS s, max("end") AS e FROM {RUNTIME}' if self.has(RUNTIME)
+                   else "SELECT NULL AS s, NULL AS e")
+        nvtx = (f'SELECT min(start), max("end") FROM {NVTX} WHERE eventType IN (59, 60) AND "end" IS NOT NULL'
+                if self.has(NVTX) else "SELECT NULL, NULL")
+        row = self.query(load_query("record_span", runtime=runtime, nvtx=nvtx))[0]
+        return (row[0], row[1])
+
     def api_keys(self) -> np.ndarray:
         """process << 32 | correlationId of every recorded CUDA call (for the completeness check)."""
         if not self.has(RUNTIME):

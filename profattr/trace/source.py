@@ -34,7 +34,12 @@ def sniff(path: Path) -> str:
 
 
 def open_trace(path, force: bool = False):
-    """The reader for `path` (a context manager). A .nsys-rep is exported to SQLite beside it first."""
+    """The reader for `path` (a context manager): a file, a folder of rank traces, or a list of rank trace files.
+    A .nsys-rep is exported to SQLite beside it first."""
+    if isinstance(path, (list, tuple)):
+        from profattr.trace.kineto import KinetoTrace
+
+        return KinetoTrace(list(path))
     path = Path(path)
     if not path.exists():
         raise ProfattrError(f"{path}: no such file or folder")

@@ -1,0 +1,114 @@
+"""How sure a diff is: 95 % intervals by bootstrap, over steps and over replicate captures, and the practical
+threshold below which a change is not called one.
+
+Each side is one or more replicates (captures of one configuration). A bootstrap sample resamples each side's
+replicates (with replacement), and within each chosen replicate its steps (with replacement); a component's value
+is the mean over the chosen replicates of their per-step means (the step time: of their median spans). So the
+intervals carry the spread between runs, not only between the steps of one run; with one replicate per side this
+is the plain step bootstrap.
+
+A component is called a change only when its interval excludes 0 AND its size is at least the practical threshold:
+max(PRACTICAL_MS, PRACTICAL_SHARE x A's step time). Smaller changes are real at best in the statistical sense and
+never worth acting on (an A/A pair had a category "significant" for a 0.3 us change).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+NS_PER_MS = 1e6
+PRACTICAL_MS = 0.001  # 1 us per step
+PRACTICAL_SHARE = 0.005  # 0.5 % of the step
+COMM_WAIT = "comm_wait"
+
+
+def practical_ms(step_ms_a: float) -> float:
+    return max(PRACTICAL_MS, PRACTICAL_SHARE * abs(step_ms_a))
+
+
+def is_change(delta: float, ci, threshold: float) -> bool:
+    """A change: beyond the interval's reach of 0 (when there is one) and at least the practical threshold."""
+    if abs(delta) < threshold:
+        return False
+    return ci is None or not (ci[0] <= 0.0 <= ci[1])
+
+
+def step_matrix(side, device: int, names: list) -> np.ndarray | None:
+    """Steps x components matrix (ms) of one replicate, plus the span (last column), for bootstrapping."""
+    ps, psc = side.per_step, side.per_step_category
+    if ps is None or psc is None:
+        return None
+    steps = ps[ps["device"] == device].set_index("step")
+    if steps.empty:
+        return None
+    cat = psc[psc["device"] == device].pivot_table(index="step", columns="category", values="ns",
+                                                   aggfunc="sum", fill_value=0)
+    cat = cat.reindex(steps.index, fill_value=0)
+    wait = None
+    d = next((x for x in side.budget["devices"] if x["device"] == device), {})
+    if d.get("comm") and side.per_step_comm is None:
+        return None  # the comm_wait split needs per-step waits; without them no interval is better than a wrong one
+    if side.per_step_comm is not None:
+        pc = side.per_step_comm[side.per_step_comm["device"] == device]
+        if len(pc):
+            wait = pc.pivot_table(index="step", columns="category", values="wait_ns", aggfunc="sum",
+                                  fill_value=0).reindex(steps.index, fill_value=0)
+    cols = []
+    for name in names:
+        if name.startswith("category:"):
+            c = name.split(":", 1)[1]
+            col = cat[c].to_numpy(dtype=float) if c in cat.columns else np.zeros(len(steps))
+            if wait is not None and c in wait.columns:
+                col = col - wait[c].to_numpy(dtype=float)
+            cols.append(col)
+        elif name == COMM_WAIT:
+            cols.append(wait.to_numpy(dtype=float).sum(axis=1) if wait is not None else np.zeros(len(steps)))
+        elif name == "idle":
+            cols.append((steps["span_ns"] - steps["busy_ns"]).to_numpy(dtype=float))
+        elif name == "overlap":
+            cols.append(-(steps["op_ns"] - steps["busy_ns"]).to_numpy(dtype=float))
+        else:  # step_variability is computed from the span column
+            cols.append(np.zeros(len(steps)))
+    cols.append(steps["span_ns"].to_numpy(dtype=float))
+    return np.stack(cols, axis=1) / NS_PER_MS
+
+
+def _replicate_samples(m: np.ndarray, names: list, rng, samples: int) -> np.ndarray:
+    """samples x (components, median span, mean span) of one replicate's step bootstrap."""
+    idx = rng.integers(0, len(m), size=(samples, len(m)))
+    out = np.empty((samples, len(names) + 2))
+    for j in range(len(names)):
+        out[:, j] = m[:, j][idx].mean(axis=1)
+    span = m[:, -1][idx]
+    out[:, -2] = np.median(span, axis=1)
+    out[:, -1] = span.mean(axis=1)
+    return out
+
+
+def _side_samples(mats: list, names: list, rng, samples: int) -> np.ndarray:
+    """samples x (components, median, mean) of a side: replicates resampled, then their steps."""
+    per = np.stack([_replicate_samples(m, names, rng, samples) for m in mats])  # R x samples x C
+    picks = rng.integers(0, len(mats), size=(samples, len(mats)))
+    return per[picks, np.arange(samples)[:, None], :].mean(axis=1)
+
+
+def bootstrap(sides_a: list, sides_b: list, da: int, db: int, names: list, rng, samples: int) -> dict | None:
+    """95 % intervals of the step delta ("step_ms") and of every component; None when a side has no per-step
+    data or fewer than two steps."""
+    mats_a = [step_matrix(s, da, names) for s in sides_a]
+    mats_b = [step_matrix(s, db, names) for s in sides_b]
+    if any(m is None or len(m) < 2 for m in mats_a + mats_b):
+        return None
+    sa, sb = _side_samples(mats_a, names, rng, samples), _side_samples(mats_b, names, rng, samples)
+    out = {"step_ms": _ci(sb[:, -2] - sa[:, -2])}
+    for j, name in enumerate(names):
+        if name == "step_variability":
+            v = (sb[:, -2] - sb[:, -1]) - (sa[:, -2] - sa[:, -1])
+        else:
+            v = sb[:, j] - sa[:, j]
+        out[name] = _ci(v)
+    return out
+
+
+def _ci(values: np.ndarray) -> list:
+    lo, hi = np.percentile(values, [2.5, 97.5])
+    return [float(lo), float(hi)]
