@@ -104,7 +104,7 @@ def test_gap_bad_input(tmp_path, capture):
     run_json = tmp_path / "cap.run.json"
     run_json.write_text(json.dumps({"schema": "profattr.run/1"}))
     no_workload = runner.invoke(cli, ["gap", str(cap), "-H", "h200"])
-    assert no_workload.exit_code == 2 and "has no `workload` record" in no_workload.output
+    assert no_workload.exit_code == 2 and "records neither a `workload` nor the model" in no_workload.output
     assert all("Traceback" not in r.output for r in (no_model, unknown_gpu, bad_tp, no_workload))
 
 

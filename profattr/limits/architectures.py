@@ -59,6 +59,7 @@ class Layout:
     has_routed_experts: bool
     dsa: Optional[DsaLayout] = None
     notes: List[str] = field(default_factory=list)
+    kv_rope_elements: int = 0  # MLA: the rope key part of kv_elements_per_token_per_layer (kept BF16 in FP8 caches)
 
 
 def _require(config: Dict[str, Any], names: Sequence[str], model_type: str) -> None:
@@ -156,7 +157,7 @@ def _mla(config: Dict[str, Any], model_type: str, indexer_full_layers: Optional[
     return Layout(model_type, components, layers, hidden, vocab, heads, heads,
                   kv_elements_per_token_per_layer=kv_lora + rope, kv_split="replicated",
                   attention_flops_per_context_token_per_head=2 * (kv_lora + rope) + 2 * kv_lora,
-                  has_routed_experts=experts > 0, dsa=dsa, notes=notes)
+                  has_routed_experts=experts > 0, dsa=dsa, notes=notes, kv_rope_elements=rope)
 
 
 def _gqa(config: Dict[str, Any], model_type: str, moe: bool) -> Layout:

@@ -55,9 +55,11 @@ def limit(model, quant, hardware, tp, context_len, allreduce, launch, kernels, d
     _emit(json.dumps(result, indent=2) if fmt == "json" else render_limit_table(result))
 
 
-def _gap_model(capture: Path, model: Optional[str], quant, tp, context_len, run_json, n_devices, hw):
-    """ModelSpec for a capture: --model if given, else the built-in workload's run.json."""
+def _gap_model(capture: Path, model: Optional[str], quant, tp, context_len, run_json, n_devices, hw, kv_dtype):
+    """ModelSpec for a capture: --model if given, else the built-in workload's record or the served model's
+    config.json that run.json keeps."""
     from profattr.limits.model import load_model
+    from profattr.limits.served import spec_from_run
     from profattr.limits.workload import load_run_json, served_defaults, spec_from_workload
     from profattr.trace.reader import run_json_path
 
@@ -67,14 +69,18 @@ def _gap_model(capture: Path, model: Optional[str], quant, tp, context_len, run_
         recorded = served_defaults(run) if run else {}
         return load_model(model, tp=tp or recorded.get("tp") or n_devices or 1, quant=quant,
                           context_len=context_len if context_len is not None else
-                          recorded.get("context_len", DEFAULT_CONTEXT_LEN), dsa_runs=hw.dsa_runs)
+                          recorded.get("context_len", DEFAULT_CONTEXT_LEN), dsa_runs=hw.dsa_runs,
+                          kv_dtype=kv_dtype or "bf16", batch=recorded.get("batch", 1))
     if run is None:
         raise ProfattrError(f"no model for {capture.name}: {path.name} not found; pass --model (a preset or "
                             "config.json) or --run-json")
     record = run.get("workload")
     if not isinstance(record, dict):
-        served = f" (it served {run['model']})" if run.get("model") else ""
-        raise ProfattrError(f"{path}: has no `workload` record{served}; pass --model (a preset or config.json)")
+        if quant:
+            raise ProfattrError("--quant needs --model; without it the quantization comes from the recorded "
+                                "config.json")
+        return spec_from_run(run, source=str(path), tp=tp, context_len=context_len, kv_dtype=kv_dtype,
+                             dsa_runs=hw.dsa_runs)
     spec = spec_from_workload(record, context_len=context_len, source=str(path))
     if tp and tp != spec.tp:
         raise ProfattrError(f"--tp {tp} disagrees with the workload's recorded tp {spec.tp}")
@@ -93,6 +99,8 @@ def _gap_model(capture: Path, model: Optional[str], quant, tp, context_len, run_
               help=f"Tokens in the KV cache (default: run.json, else {DEFAULT_CONTEXT_LEN}).")
 @click.option("--run-json", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Run metadata to take the workload from (default: NAME.run.json beside the capture).")
+@click.option("--kv-dtype", type=click.Choice(["bf16", "fp8"]), default=None,
+              help="KV cache dtype (default: the server's --kv-cache-dtype in run.json, else bf16).")
 @click.option("--steps", default="auto", show_default=True, help="Step definition passed to the budget.")
 @click.option("--rules", multiple=True, type=click.Path(dir_okay=False), help="Extra taxonomy rule files.")
 @click.option("--bandwidth", type=click.Choice(["peak", "achievable"]), default="peak", show_default=True,
@@ -102,7 +110,8 @@ def _gap_model(capture: Path, model: Optional[str], quant, tp, context_len, run_
 @click.option("--force", is_flag=True, help="Overwrite the chart if it exists.")
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "markdown"]), default="table",
               show_default=True)
-def gap(capture, model, quant, hardware, tp, context_len, run_json, steps, rules, bandwidth, chart, force, fmt):
+def gap(capture, model, quant, hardware, tp, context_len, run_json, kv_dtype, steps, rules, bandwidth, chart, force,
+        fmt):
     """How far CAPTURE is from the hardware limit, per category, as a waterfall from floor to measured step."""
     from profattr.limits.gap import compute_gap
     from profattr.limits.hardware import hardware_presets, load_hardware, match_hardware, read_capture_gpus
@@ -126,7 +135,8 @@ def gap(capture, model, quant, hardware, tp, context_len, run_json, steps, rules
                                 f"); pass --hardware, one of: {', '.join(hardware_presets())}")
         hardware = matched.pop()
     hw = load_hardware(hardware)
-    spec = _gap_model(capture, model, quant, tp, context_len, run_json, len(budget.get("devices", [])), hw)
+    spec = _gap_model(capture, model, quant, tp, context_len, run_json, len(budget.get("devices", [])), hw,
+                      kv_dtype)
     fraction = 1.0 if bandwidth == "peak" else hw.achievable_bandwidth_fraction.value
     result = compute_gap(budget, spec, hw, capture_gpus=gpus, bandwidth_fraction=fraction)
     if chart is not None:

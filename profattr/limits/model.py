@@ -151,10 +151,11 @@ def spec_from_config(config: Dict[str, Any], *, quant: str, tp: int, context_len
                      dsa_runs: Optional[bool] = None, kv_dtype: str = "bf16", engine: str = "sglang",
                      model_id: str = "", name: str = "", source: str = "config.json",
                      indexer_full_layers: Optional[int] = None,
-                     kernels_per_step: Optional[Tuple[float, str]] = None) -> ModelSpec:
+                     kernels_per_step: Optional[Tuple[float, str]] = None, batch: int = 1) -> ModelSpec:
     """ModelSpec of the model a config.json describes, quantized with `quant`, split over `tp` ranks by `engine`.
 
     dsa_runs: whether the DSA indexer runs (None: it runs when the architecture has one).
+    batch: sequences per step; weights are read once per step, KV, indexer keys, logits and FLOPs scale with it.
     """
     layout = architectures.derive(config, indexer_full_layers)
     _check_tp(layout, tp)
@@ -177,36 +178,53 @@ def spec_from_config(config: Dict[str, Any], *, quant: str, tp: int, context_len
     dsa = layout.dsa if (layout.dsa and (dsa_runs is None or dsa_runs)) else None
     if not dsa:
         groups = [g for g in groups if g.weight_class != "indexer"]
-    kv_bytes = dtype_bytes(kv_dtype)
+    if batch < 1:
+        raise ProfattrError(f"batch must be at least 1 (got {batch})")
     kv_fraction = 1.0 if layout.kv_split == "replicated" else _rank_fraction("kv_heads", tp, layout.num_kv_heads)
-    kv_per_token = layout.kv_elements_per_token_per_layer * kv_bytes * layout.num_layers * kv_fraction
+    kv_per_token = kv_row_bytes(layout, kv_dtype) * layout.num_layers * kv_fraction
     heads_per_rank = layout.num_heads / tp
     flops_per_token = layout.attention_flops_per_context_token_per_head * heads_per_rank * layout.num_layers
     attended = min(context_len, dsa.index_topk) if dsa else context_len
     indexer_keys = 0.0
-    attention_flops = flops_per_token * attended
+    attention_flops = flops_per_token * attended * batch
     notes = list(layout.notes)
     if dsa:
-        indexer_keys = context_len * dsa.full_layers * (dsa.index_head_dim + architectures.INDEXER_KEY_SCALE_BYTES)
-        attention_flops += 2.0 * context_len * dsa.index_n_heads * dsa.index_head_dim * dsa.full_layers
+        indexer_keys = (context_len * dsa.full_layers * (dsa.index_head_dim + architectures.INDEXER_KEY_SCALE_BYTES)
+                        * batch)
+        attention_flops += 2.0 * context_len * dsa.index_n_heads * dsa.index_head_dim * dsa.full_layers * batch
         notes.append(f"DSA runs: attention reads the top {dsa.index_topk} tokens; indexer keys "
                      f"({dsa.index_head_dim}+{architectures.INDEXER_KEY_SCALE_BYTES} B/token) on "
                      f"{dsa.full_layers} layers")
     elif layout.dsa:
         notes.append("DSA indexer not run: dense MLA over the whole context")
+    if batch > 1:
+        notes.append(f"batch {batch}: weights counted once per step and routed experts as if every sequence chose "
+                     f"the same ones (a lower bound); KV, indexer keys, logits and FLOPs scale with the batch")
     return ModelSpec(
         id=model_id or str(config.get("_name_or_path") or layout.model_type), name=name or layout.model_type,
         source=source, quant=quant, tp=tp, context_len=context_len, num_layers=layout.num_layers,
         hidden_size=layout.hidden_size, vocab_size=layout.vocab_size, groups=tuple(groups),
-        kv_cache_bytes_per_token=kv_per_token, kv_cache_read_bytes=kv_per_token * attended,
+        kv_cache_bytes_per_token=kv_per_token, kv_cache_read_bytes=kv_per_token * attended * batch,
         indexer_keys_read_bytes=indexer_keys, attention_flops=attention_flops,
         logits_bytes=4.0 * layout.vocab_size,
         allreduce_per_step=(2 * layout.num_layers + 1) if tp > 1 else 0,
         allreduce_message_bytes=layout.hidden_size * ACTIVATION_BYTES,
-        kernels_per_step=kernels_per_step, dsa_runs=bool(dsa), notes=tuple(notes), config=dict(config),
+        kernels_per_step=kernels_per_step, batch=batch, dsa_runs=bool(dsa), notes=tuple(notes),
+        config=dict(config),
         derive_args=dict(quant=quant, tp=tp, context_len=context_len, dsa_runs=dsa_runs, kv_dtype=kv_dtype,
                          engine=engine, model_id=model_id, name=name, source=source,
-                         indexer_full_layers=indexer_full_layers, kernels_per_step=kernels_per_step))
+                         indexer_full_layers=indexer_full_layers, kernels_per_step=kernels_per_step, batch=batch))
+
+
+def kv_row_bytes(layout: architectures.Layout, kv_dtype: str) -> float:
+    """Bytes one token's KV cache row takes in one layer (whole, before any split over ranks)."""
+    if kv_dtype == "fp8" and layout.kv_split == "replicated" and layout.kv_rope_elements:
+        mla = load_toml("quant.toml")["kv_cache"]["mla_fp8"]
+        latent = layout.kv_elements_per_token_per_layer - layout.kv_rope_elements
+        tiles = -(-latent // int(mla["tile_elements"]))
+        return (latent * mla["latent_bytes_per_element"] + tiles * mla["scale_bytes_per_tile"]
+                + layout.kv_rope_elements * mla["rope_bytes_per_element"])
+    return layout.kv_elements_per_token_per_layer * dtype_bytes(kv_dtype)
 
 
 def respec(spec: ModelSpec, **changes: Any) -> ModelSpec:
@@ -244,7 +262,7 @@ def load_config(path: Path) -> Dict[str, Any]:
 
 
 def load_model(model: str, *, tp: int, quant: Optional[str] = None, context_len: int = DEFAULT_CONTEXT_LEN,
-               dsa_runs: Optional[bool] = None, kv_dtype: str = "bf16") -> ModelSpec:
+               dsa_runs: Optional[bool] = None, kv_dtype: str = "bf16", batch: int = 1) -> ModelSpec:
     """ModelSpec from a preset id (specs/models/) or a config.json path (then `quant` is required)."""
     presets = preset_ids("models")
     if model.lower() in presets:
@@ -253,7 +271,7 @@ def load_model(model: str, *, tp: int, quant: Optional[str] = None, context_len:
         full = data.get("indexer_full_layers", {}).get("value")
         return spec_from_config(
             data["config"], quant=quant or data["quant"], tp=tp, context_len=context_len, dsa_runs=dsa_runs,
-            kv_dtype=kv_dtype, engine=data.get("engine", "sglang"), model_id=data["id"], name=data["name"],
+            kv_dtype=kv_dtype, batch=batch, engine=data.get("engine", "sglang"), model_id=data["id"], name=data["name"],
             source=f"preset {data['id']} ({data['config_source']['default']})", indexer_full_layers=full,
             kernels_per_step=(kernels["value"], kernels["source"]) if kernels else None)
     path = Path(model)
@@ -264,5 +282,5 @@ def load_model(model: str, *, tp: int, quant: Optional[str] = None, context_len:
     if not quant:
         raise ProfattrError(f"--quant is required with a config.json; valid: {', '.join(quant_schemes())}")
     return spec_from_config(config, quant=quant, tp=tp, context_len=context_len, dsa_runs=dsa_runs,
-                            kv_dtype=kv_dtype, model_id=str(config.get("_name_or_path") or path.stem),
+                            kv_dtype=kv_dtype, batch=batch, model_id=str(config.get("_name_or_path") or path.stem),
                             name=str(config.get("model_type")), source=str(path))

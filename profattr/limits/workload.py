@@ -34,6 +34,8 @@ def served_defaults(run: Dict[str, Any]) -> Dict[str, Any]:
     requests = run.get("requests") or {}
     if isinstance(requests.get("input_len"), int) and isinstance(requests.get("max_new_tokens"), int):
         out["context_len"] = requests["input_len"] + requests["max_new_tokens"] // 2
+    if isinstance(requests.get("batch"), int) and requests["batch"] > 0:
+        out["batch"] = requests["batch"]
     return out
 
 
