@@ -27,7 +27,8 @@ it holds, so a capture of the stub shows whether the driver opened the window wh
 
 Knobs (environment): STUB_SGLANG_STARTUP_S (seconds until healthy, default 0.5), STUB_SGLANG_STEP_MS (time per
 step, default 4), STUB_SGLANG_PROFILED_STEP_MS (inside the window, default 6), STUB_SGLANG_CRASH_AFTER_S (exit with
-code 3 after that many seconds, before becoming healthy), STUB_SGLANG_EVENTS (a file that receives one JSON line per
+code 3 after that many seconds, before becoming healthy), STUB_SGLANG_CRASH_IN_WINDOW_STEPS (die with code 4 after
+that many steps inside the profile window, as a scheduler does on a CUDA error), STUB_SGLANG_EVENTS (a file that receives one JSON line per
 launch, request and profile event).
 """
 from __future__ import annotations
@@ -56,6 +57,7 @@ STARTUP_S = _env_float("STUB_SGLANG_STARTUP_S", 0.5)
 STEP_MS = _env_float("STUB_SGLANG_STEP_MS", 4.0)
 PROFILED_STEP_MS = _env_float("STUB_SGLANG_PROFILED_STEP_MS", 6.0)
 CRASH_AFTER_S = os.environ.get("STUB_SGLANG_CRASH_AFTER_S")
+CRASH_IN_WINDOW_STEPS = os.environ.get("STUB_SGLANG_CRASH_IN_WINDOW_STEPS")
 EVENTS = os.environ.get("STUB_SGLANG_EVENTS")
 _events_lock = threading.Lock()
 
@@ -99,6 +101,7 @@ class Scheduler(threading.Thread):
         self.control: queue.Queue = queue.Queue()
         self.running: list = []
         self.forward_ct = 0
+        self.profiled_ct = 0
         self.profiling = False
         self.window_left = None
         self.stopped = threading.Event()
@@ -190,6 +193,13 @@ class Scheduler(threading.Thread):
         self.forward_ct += 1
         if profiled and self.window_left is not None:
             self.window_left -= 1
+        if profiled:
+            self.profiled_ct += 1
+            if CRASH_IN_WINDOW_STEPS is not None and self.profiled_ct >= int(CRASH_IN_WINDOW_STEPS):
+                log("Scheduler hit an exception: RuntimeError: CUDA error: an illegal memory access was "
+                    "encountered (simulated)")
+                sys.stdout.flush()
+                os._exit(4)
         still = []
         for req in self.running:
             req.output_ids.append((req.seed + len(req.output_ids)) % 1000 + 1)

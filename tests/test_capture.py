@@ -305,6 +305,24 @@ def test_server_exiting_early_is_reported_with_its_log(tmp_path):
 
 
 @pytest.mark.nsys
+def test_server_dying_mid_window_keeps_what_nsys_wrote(tmp_path):
+    real_nsys()
+    events = tmp_path / "events.jsonl"
+    args = stub_args(tmp_path, tmp_path, free_port(), name="midway")
+    result = invoke(args, env=stub_env(events, STUB_SGLANG_CRASH_IN_WINDOW_STEPS=3))
+    assert result.exit_code == 2, result.output
+    assert "illegal memory access was encountered (simulated)" in result.output  # the server's last log lines
+    error = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert len(error) == 1 and "midway.log" in error[0], result.output
+    run = json.loads((tmp_path / "midway.run.json").read_text())
+    assert run["status"] == "failed"
+    # nsys wrote its report when the target died; it is kept, exported and named in the error
+    assert (tmp_path / "midway.nsys-rep").exists() and "midway.nsys-rep" in error[0]
+    started = [e for e in events_of(events) if e["event"] == "start_profile"]
+    assert len(started) == 1
+
+
+@pytest.mark.nsys
 def test_server_never_healthy_times_out_and_is_stopped(tmp_path):
     real_nsys()
     events = tmp_path / "events.jsonl"
@@ -389,6 +407,16 @@ def test_qdstrm_capture_then_finish(tmp_path):
     assert invoke(["check", str(out)]).exit_code == 0
     again = invoke(["capture", "--finish", str(out)])
     assert again.exit_code == 2 and "--force" in again.output
+
+    # a bare NAME.qdstrm (plain `nsys profile` on a machine without the importer) finishes without a run.json
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    shutil.copyfile(out / "cpu_smoke.qdstrm", bare / "plain.qdstrm")
+    finished = invoke(["capture", "--finish", str(bare / "plain.qdstrm")])
+    assert finished.exit_code == 0, finished.output
+    run = json.loads((bare / "plain.run.json").read_text())
+    assert run["status"] == "complete" and any("bare plain.qdstrm" in n for n in run["notes"])
+    assert dict(query(bare / "plain.sqlite", RANGES_BY_NAME))["smoke_step"] == 4
 
 
 # --- an nsys too old for the traced CUDA runtime ---------------------------------------------------------------------
