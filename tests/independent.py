@@ -97,6 +97,7 @@ def expected_budget(path, step_cte: str, params: dict) -> dict:
     for dev, d in out.items():
         n = len(d["spans_ns"])
         result[dev] = {"steps": n, "step_ms": statistics.median(d["spans_ns"]) / 1e6,
+                       "mean_step_ms": statistics.fmean(d["spans_ns"]) / 1e6,
                        "kernels_per_step": d["kernels"] / n, "per_kernel": {}, "per_demangled": {}}
     for dev, name, ns, count in per_kernel:
         n = result[dev]["steps"]

@@ -47,7 +47,7 @@ def expected_floor_ms():
     kv_bytes_per_token = layers * 2 * 2 * hd * 2  # 2 of 4 KV heads per rank, K and V, BF16
     ms = lambda nbytes: nbytes / H200_BW * 1e3  # noqa: E731
     link_s = (2 * layers + 1) * hidden * 2 * 2 * (2 - 1) / 2 / 450e9
-    return {"gemm": ms(gemm_params * 2), "moe.gemm": ms(experts * 2), "moe.routing": ms(router * 2),
+    return {"gemm.bf16": ms(gemm_params * 2), "moe.gemm": ms(experts * 2), "moe.routing": ms(router * 2),
             "norm": ms(norm * 2), "embedding": ms(hidden * 2), "attention.decode": ms(100 * kv_bytes_per_token),
             "attention.kv_write": ms(kv_bytes_per_token), "sampling": ms(vocab * 4), "comm": link_s * 1e3}
 
@@ -55,6 +55,21 @@ def expected_floor_ms():
 @pytest.fixture(scope="module")
 def tiny_spec():
     return spec_from_config(TINY, quant="bf16", tp=2, context_len=100)
+
+
+def test_precision_rows_merge_when_a_gemm_category_has_no_precision(tiny_spec):
+    split = compute_gap(budget(), tiny_spec, load_hardware("h200"))
+    plain = budget()
+    for d in plain["devices"]:
+        d["categories"].append({"category": "gemm", "ms_per_step": 0.0, "count_per_step": 1})
+    merged = compute_gap(plain, tiny_spec, load_hardware("h200"))
+    for a, b in zip(split["devices"], merged["devices"]):
+        rows_a = {r["category"]: r for r in a["categories"]}
+        rows_b = {r["category"]: r for r in b["categories"]}
+        assert "gemm" not in rows_a and "gemm.bf16" not in rows_b
+        assert rows_b["gemm"]["floor_bytes"] == rows_a["gemm.bf16"]["floor_bytes"]
+        assert rows_b["gemm"]["measured_ms"] == rows_a["gemm.bf16"]["measured_ms"]
+        assert b["floor_ms"] == pytest.approx(a["floor_ms"], rel=1e-12)
 
 
 def closure(dev):
@@ -74,7 +89,7 @@ def test_category_floors_and_exact_closure(tiny_spec):
         for row, floor_ms in expected.items():
             assert rows[row]["floor_ms"] == pytest.approx(floor_ms, rel=1e-12), row
         assert dev["floor_ms"] == pytest.approx(sum(expected.values()), rel=1e-12)
-        assert rows["gemm"]["measured_ms"] == 0.30  # gemm.bf16 rolled up
+        assert rows["gemm.bf16"]["measured_ms"] == 0.30  # its own precision row: every weight is BF16
         assert rows["moe.gemm"]["efficiency_pct"] == pytest.approx(100 * expected["moe.gemm"] / 0.50)
         assert rows["elementwise"]["floor_ms"] == 0 and rows["elementwise"]["bound"] == "none"
         assert rows["comm"]["bound"] == "link"
@@ -188,7 +203,7 @@ def test_workload_spec_from_run_json_record():
     ms = lambda nbytes: nbytes / H200_BW * 1e3  # noqa: E731
     by = record["params"]["by_component"]
     assert rows["moe.gemm"]["floor_ms"] == pytest.approx(ms(by["experts_active_per_token"] / 2 * 2))
-    assert rows["gemm"]["floor_ms"] == pytest.approx(ms((by["attention"] / 2 + by["lm_head"]) * 2))
+    assert rows["gemm.bf16"]["floor_ms"] == pytest.approx(ms((by["attention"] / 2 + by["lm_head"]) * 2))
     assert rows["moe.routing"]["floor_ms"] == pytest.approx(ms(by["router"] * 2))
     assert rows["embedding"]["floor_ms"] == pytest.approx(ms(256 * 2))  # one row per token
     assert rows["attention.decode"]["floor_bytes"] == 64 * record["kv_cache_bytes_per_token"] / 2

@@ -42,7 +42,9 @@ def expected_bytes(run: dict) -> dict:
     kv_row = kv_lora * fp8 + (kv_lora // 128) * 4 + rope * bf16  # FlashMLA FP8: 656 B
     attended = min(context, c["index_topk"])
     return {
-        "gemm": (attention + dense_mlp + shared) * fp8 + lm_head * bf16,
+        # FP8 projections and MLPs run as FP8 GEMMs, the BF16 lm_head as a BF16 GEMM: one floor row each
+        "gemm.fp8": (attention + dense_mlp + shared) * fp8,
+        "gemm.bf16": lm_head * bf16,
         "moe.gemm": routed * fp8,
         "attention.decode": kv_row * layers * attended * batch,
         "attention.indexer": indexer_weights * fp8 + context * layers * (c["index_head_dim"] + 4) * batch,
@@ -71,7 +73,7 @@ def test_gap_takes_the_model_from_run_json(name, export_example):
     device = gap["devices"][0]
     assert device["memory_bandwidth_bytes_per_s"] == bandwidth(path)
     rows = {c["category"]: c for c in device["categories"]}
-    for category in ("gemm", "moe.gemm", "attention.decode", "attention.indexer"):
+    for category in ("gemm.fp8", "gemm.bf16", "moe.gemm", "attention.decode", "attention.indexer"):
         assert rows[category]["floor_bytes"] == pytest.approx(want[category], rel=1e-12), category
         # at these batches every weight row is memory bound: floor = bytes / bandwidth
         if category != "attention.decode":

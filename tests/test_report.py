@@ -115,7 +115,7 @@ def test_report_has_every_section_and_chart(sglang_report):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert f"]({png})" in text
     # SGLang captures have no workload spec: the gap section says so instead of inventing a model
-    assert "run.json has no \\`workload\\` record" in text or "no `workload` record" in text.replace("\\", "")
+    assert "records neither the built-in workload nor the served model" in text.replace("\\", "")
 
 
 def test_kernels_and_step_time_per_capture_match_sql(sglang_report, expected):

@@ -31,6 +31,7 @@ from profattr.attribute.budget import Budget, compute_budget
 from profattr.attribute.diff_parts import family_split, fingerprint, kernel_rows, layer_rows
 from profattr.attribute.diff_stats import COMM_WAIT, bootstrap, is_change, practical_ms
 from profattr.errors import ProfattrError
+from profattr.attribute.confounds import compare_runs
 from profattr.trace.reader import run_json_path
 
 SCHEMA = "profattr.diff/1"
@@ -208,6 +209,7 @@ def compute_diff(a: Side, b: Side, samples: int = BOOTSTRAP_SAMPLES, changed: st
         changed = "moe"
     result["changed"] = changed
     result["warnings"] = same_kernel_warnings(result, changed) if changed else []
+    result["confounds"] = compare_runs(a.run, b.run)
     result["verdict"] = verdict(result)
     return result
 

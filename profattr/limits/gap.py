@@ -13,6 +13,7 @@ from typing import Any, Dict, Iterable, Mapping, Optional
 
 from profattr.limits.hardware import HardwareSpec
 from profattr.limits.model import ModelSpec, tensor_category
+from profattr.limits.specs import load_toml
 from profattr.limits.render import render_gap_markdown  # noqa: F401  (re-exported for the report)
 
 SCHEMA = "profattr.gap/1"
@@ -32,9 +33,11 @@ def floor_loads(spec: ModelSpec, hw: HardwareSpec) -> Dict[str, Dict[str, float]
         entry["compute_s"] += flops_s
         entry["link_s"] += link_s
 
+    split = set(load_toml("category_floors.toml")["precision_split"]["categories"])
     for g in spec.groups:
         flops = g.rank_flops_per_token() * spec.batch
-        add(g.category, g.rank_bytes_per_token(spec.tp, ideal=False), flops,
+        row = f"{g.category}.{precision_suffix(g.dtype)}" if g.category in split else g.category
+        add(row, g.rank_bytes_per_token(spec.tp, ideal=False), flops,
             flops / hw.peak_flops_per_s(g.dtype)[0] if flops else 0.0)
     bf16_peak = hw.peak_flops_per_s("bf16")[0]
     add(tensor_category("kv_cache_read"), spec.kv_cache_read_bytes, spec.attention_flops,
@@ -47,6 +50,30 @@ def floor_loads(spec: ModelSpec, hw: HardwareSpec) -> Dict[str, Dict[str, float]
     link_bytes = spec.allreduce_per_step * spec.allreduce_message_bytes * spec.batch * 2 * (spec.tp - 1) / spec.tp
     add(tensor_category("allreduce_link"), link_s=link_bytes / hw.link_bandwidth_bytes_per_s.value)
     return rows
+
+
+def precision_suffix(dtype: str) -> str:
+    """The taxonomy's precision suffix for the kernels of weights stored as `dtype` (nvfp4 -> fp4)."""
+    return str(load_toml("quant.toml")["dtypes"].get(dtype, {}).get("taxonomy", dtype))
+
+
+def fit_precision_rows(loads: Dict[str, Dict[str, float]], categories: Iterable[str]) -> Dict[str, Dict[str, float]]:
+    """`loads` with the precision rows of a split category (gemm.fp8, gemm.bf16) merged back into one (gemm)
+    where a measured category of it has no precision suffix (plain `gemm`, `gemm.grouped`)."""
+    suffixes = {precision_suffix(d) for d in load_toml("quant.toml")["dtypes"]}
+    suffixes |= set(load_toml("quant.toml")["dtypes"])
+    out = dict(loads)
+    for parent in load_toml("category_floors.toml")["precision_split"]["categories"]:
+        under = [c for c in categories if c == parent or c.startswith(parent + ".")]
+        if all(c.split(".")[1] in suffixes for c in under if c != parent) and parent not in under:
+            continue
+        merged = {"bytes": 0.0, "flops": 0.0, "compute_s": 0.0, "link_s": 0.0}
+        for key in [k for k in out if k.startswith(parent + ".")]:
+            for field, value in out.pop(key).items():
+                merged[field] += value
+        if any(merged.values()):
+            out[parent] = merged
+    return out
 
 
 def row_of(category: str, keys: Iterable[str]) -> str:
@@ -131,7 +158,8 @@ def compute_gap(budget: Mapping[str, Any], model_spec: ModelSpec, hardware_spec:
     for device in budget.get("devices", []):
         gpu = gpus.get(device.get("device"))
         hw = hardware_spec.with_capture_gpu(dict(gpu)) if gpu else hardware_spec
-        loads = floor_loads(model_spec, hw)
+        loads = fit_precision_rows(floor_loads(model_spec, hw),
+                                   [str(c["category"]) for c in device.get("categories", [])])
         bandwidth = hw.memory_bandwidth_bytes_per_s.value * bandwidth_fraction
         devices.append(_device_gap(device, loads, hw, bandwidth))
         hardware_used[str(device.get("device"))] = {

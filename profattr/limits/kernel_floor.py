@@ -13,26 +13,17 @@ from __future__ import annotations
 from typing import Any, Dict, Optional, Tuple
 
 from profattr.errors import ProfattrError
-from profattr.limits.gap import row_of
-from profattr.limits.model import ModelSpec, load_toml, spec_from_config
+from profattr.limits.gap import precision_suffix, row_of
+from profattr.limits.model import ModelSpec, load_toml
 
 ASSUMPTION = ("a weights-streaming GEMM at decode reads each weight once per step: its category's floor bytes are "
               "the weights of that category one rank reads per step (routed experts: the experts one token "
               "activates)")
 
 
-def quant_of_config(config: Dict[str, Any]) -> Optional[str]:
-    """profattr's quantization scheme for a config.json: fp8 for an FP8 checkpoint, bf16 for none, else None."""
-    q = config.get("quantization_config")
-    if not q:
-        return "bf16"
-    method = str(q.get("quant_method") or "").lower() if isinstance(q, dict) else ""
-    return "fp8" if method == "fp8" else None
-
-
 def spec_for_run(run: Optional[dict]) -> Tuple[Optional[ModelSpec], str]:
     """(ModelSpec of the model a run.json recorded, or None; how it was made or why not): the built-in workload's
-    record, else the served model's config.json."""
+    record, else the served model's config.json (limits/served.py)."""
     record = (run or {}).get("workload")
     if isinstance(record, dict):
         from profattr.limits.workload import spec_from_workload
@@ -42,20 +33,13 @@ def spec_for_run(run: Optional[dict]) -> Tuple[Optional[ModelSpec], str]:
         except ProfattrError as exc:
             return None, exc.format_message()
         return spec, f"the built-in workload's recorded sizes, tp {spec.tp}"
-    config = (run or {}).get("model_config")
-    if not isinstance(config, dict):
-        return None, "the run.json records no model config.json"
-    quant = quant_of_config(config)
-    if quant is None:
-        return None, f"quantization {config.get('quantization_config')!r} is not one profattr models"
-    requests = (run or {}).get("requests") or {}
-    context = int(requests.get("input_len") or 0) + int(requests.get("max_new_tokens") or 0)
+    from profattr.limits.served import spec_from_run
+
     try:
-        spec = spec_from_config(config, quant=quant, tp=int((run or {}).get("tp") or 1), context_len=context,
-                                model_id=str((run or {}).get("model") or ""), source="run.json model_config")
-    except (ProfattrError, KeyError, TypeError, ValueError) as exc:
-        return None, f"cannot model {config.get('model_type')!r} ({exc})"
-    return spec, f"{spec.name} from run.json model_config, {quant}, tp {spec.tp}"
+        spec = spec_from_run(run or {}, source="run.json", tp=None, context_len=None, kv_dtype=None, dsa_runs=True)
+    except ProfattrError as exc:
+        return None, exc.format_message()
+    return spec, f"{spec.name} from run.json model_config, {spec.quant}, tp {spec.tp}"
 
 
 def weight_bytes(spec: ModelSpec) -> Dict[str, Dict[str, float]]:
@@ -72,9 +56,9 @@ def category_floor(category: str, rows: Dict[str, Dict[str, float]]) -> Optional
     row = row_of(category, rows)
     if row not in rows:
         return None
-    dtypes = load_toml("quant.toml")["dtypes"]
+    by_suffix = {precision_suffix(d): d for d in load_toml("quant.toml")["dtypes"]}
     suffix = category.rsplit(".", 1)[-1] if "." in category else None
-    precision = suffix if suffix in dtypes else None
+    precision = by_suffix.get(suffix) if suffix else None
     by_dtype = rows[row]
     total = by_dtype.get(precision, 0.0) if precision else sum(by_dtype.values())
     if total <= 0:

@@ -3,14 +3,25 @@ numbers (no fixed sentence that the numbers could contradict: every claim below 
 
 `rank_bottlenecks(captures, diffs)` takes plain structures:
 - captures: dicts with `label`, `budget` (`profattr.budget/1`), `launches` (list from `report.launches`),
-  `gap` (`profattr.gap/1` or None) and optionally `why_slow` ({category: sentence from an ncu drill});
+  `gap` (`profattr.gap/1` or None) and optionally `why_slow` ({category: sentence from an ncu drill}) and
+  `server_log` (run.json's server_log: the kernel configs SGLang fell back to its defaults for) and `timing`
+  (run.json's timing: profiled vs unprofiled time per token);
 - diffs: dicts with `a` and `b` (labels) and `diff` (`profattr.diff/1`).
-It returns dicts {rank, capture, device, kind, ms_per_step, share_of_step, title, reason}, largest first. Strings
-are raw (the renderer escapes them).
+It returns dicts {rank, capture, device, kind, ms_per_step, share_of_step, title, reason, also}, largest first: one
+entry per category (or idle) across captures, taken from the capture where it costs most, with `also` listing the
+other captures where the same category is a bottleneck. Strings are raw (the renderer escapes them).
 """
 from __future__ import annotations
 
+import re
+from functools import lru_cache
+from pathlib import Path
 from typing import Sequence
+
+try:  # Python 3.11+
+    import tomllib as _toml
+except ModuleNotFoundError:  # pragma: no cover - 3.9/3.10
+    import tomli as _toml
 
 IDLE_MIN_SHARE = 0.10  # idle below this share of the step is not a bottleneck
 CATEGORY_MIN_SHARE = 0.05  # nor is a category below this share
@@ -108,6 +119,36 @@ def _gap_row(gap_device: dict | None, category: str) -> dict | None:
     return next((r for r in rows if r.get("category") == family), None)
 
 
+@lru_cache(maxsize=None)
+def config_warnings() -> tuple:
+    """(kind, kernel regex, how to tune) of SGLang's default-kernel-config warnings (data/config_warnings.toml)."""
+    with open(Path(__file__).resolve().parent / "data" / "config_warnings.toml", "rb") as handle:
+        data = _toml.load(handle)
+    return tuple((w["kind"], re.compile(w["kernels"]), w["tune"]) for w in data["warning"])
+
+
+def config_reason(server_log: dict | None, kernel: str) -> str | None:
+    """Why a kernel may run slow by its configuration: SGLang used its default config for it (server log)."""
+    configs = [str(c) for c in (server_log or {}).get("default_kernel_configs") or []]
+    for kind, kernels, tune in config_warnings():
+        shapes = [c for c in configs if c.startswith(kind + ":")]
+        if shapes and kernels.search(kernel):
+            return (f"SGLang ran it with its default config: no tuned config on this GPU for {len(shapes)} of its "
+                    f"shapes (server log: 'Using default {kind} kernel config'); tune them with {tune}")
+    return None
+
+
+OVERHEAD_CAUTION = 1.10  # profiled over unprofiled step time above which idle may be the profiler's
+
+
+def profiler_overhead(timing: dict | None) -> float | None:
+    """Profiled over unprofiled time per token when it is at least OVERHEAD_CAUTION, else None."""
+    a, b = (timing or {}).get("ms_per_token_profiled"), (timing or {}).get("ms_per_token_unprofiled")
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b > 0 and a / b >= OVERHEAD_CAUTION:
+        return a / b
+    return None
+
+
 def capture_items(cap: dict) -> list:
     """Bottleneck candidates of one capture: idle, large categories, unclassified time."""
     items = []
@@ -118,9 +159,13 @@ def capture_items(cap: dict) -> list:
         s = launches.get(d["device"])
         if s is not None:
             reason = idle_reason(s)
+            overhead = profiler_overhead(cap.get("timing"))
+            if reason and overhead:
+                reason += (f"; caution: this capture's steps ran {overhead:.2f}x their unprofiled time (run.json "
+                           "timing), so part of this idle may be the profiler's own")
             if reason:
                 items.append(_item(cap["label"], d["device"], "idle", d["idle_ms_per_step"], step,
-                                   f"idle {_pct(s['idle_share'])} of the step", reason))
+                                   f"idle {_pct(s['idle_share'])} of the step", reason, key="idle"))
         for c in d["categories"]:
             share = c["ms_per_step"] / step
             if share < CATEGORY_MIN_SHARE:
@@ -132,10 +177,15 @@ def capture_items(cap: dict) -> list:
             else:
                 reason = category_reason(d, c["category"], gap_devices.get(d["device"]))
             why = (cap.get("why_slow") or {}).get(c["category"])  # the verdict of an ncu drill of its kernels
+            top = next((k for k in d["kernels"] if k["category"] == c["category"]), None)
+            tuned = config_reason(cap.get("server_log"), top["name"]) if top else None
+            if tuned and not (why and "SGLang's log" in why):  # the drill's verdict already cites the log
+                reason += f"; {tuned}"
             if why:
                 reason += f"; {why}"
             items.append(_item(cap["label"], d["device"], "category", c["ms_per_step"], step,
-                               f"{c['category']} {_pct(share)} of the step", reason))
+                               f"{c['category']} {_pct(share)} of the step", reason, key=c["category"]))
+            items[-1]["why"] = why
     return items
 
 
@@ -240,15 +290,44 @@ def _names(names: list) -> str:
     return s + (f" (+{len(names) - 2})" if len(names) > 2 else "")
 
 
-def _item(capture: str, device, kind: str, ms: float, step_ms: float, title: str, reason: str) -> dict:
+def _item(capture: str, device, kind: str, ms: float, step_ms: float, title: str, reason: str,
+          key: str | None = None) -> dict:
     return {"capture": capture, "device": device, "kind": kind, "ms_per_step": float(ms),
-            "share_of_step": float(ms) / step_ms if step_ms else 0.0, "title": title, "reason": reason}
+            "share_of_step": float(ms) / step_ms if step_ms else 0.0, "title": title, "reason": reason,
+            "key": key, "also": []}
+
+
+def group_items(items: list) -> list:
+    """One entry per category (or idle) across captures and devices: the largest, with the rest in `also`."""
+    groups: dict = {}
+    out = []
+    for item in sorted(items, key=lambda i: -i["ms_per_step"]):
+        if item["key"] is None:
+            out.append(item)
+            continue
+        head = groups.get(item["key"])
+        if head is None:
+            groups[item["key"]] = item
+            out.append(item)
+        else:
+            head["also"].append({"capture": item["capture"], "device": item["device"],
+                                 "ms_per_step": item["ms_per_step"], "share_of_step": item["share_of_step"]})
+            if item.get("why") and item["why"] != head.get("why"):  # another capture's drill says something else
+                head["reason"] += f"; in {item['capture']}, {item['why']}"
+    for head in groups.values():
+        if head["also"]:
+            shares = [head["share_of_step"]] + [a["share_of_step"] for a in head["also"]]
+            many = len({head["capture"], *(a["capture"] for a in head["also"])}) > 1
+            head["title"] += (f" ({_pct(min(shares))}-{_pct(max(shares))} in {len(shares)} "
+                              f"{'captures' if many else 'GPUs'})")
+    return out
 
 
 def rank_bottlenecks(captures: Sequence[dict], diffs: Sequence[dict] = (), limit: int = LIMIT,
                      per_capture: int = PER_CAPTURE) -> list:
     """All candidates, largest ms/step first, at most `per_capture` per capture (or pair) and `limit` in all."""
-    items = [i for cap in captures for i in capture_items(cap)] + [i for e in diffs for i in diff_items(e)]
+    items = group_items([i for cap in captures for i in capture_items(cap)]) + [i for e in diffs
+                                                                                for i in diff_items(e)]
     items.sort(key=lambda i: -i["ms_per_step"])
     taken: list = []
     per: dict = {}

@@ -41,7 +41,8 @@ class CaptureReport:
     def as_input(self) -> dict:
         """The plain structure bottlenecks.py and charts.py take."""
         return {"label": self.label, "budget": self.budget, "launches": self.launches, "gap": self.gap,
-                "why_slow": self.why_slow}
+                "why_slow": self.why_slow, "server_log": (self.run or {}).get("server_log"),
+                "timing": (self.run or {}).get("timing")}
 
 
 @dataclass
@@ -56,6 +57,7 @@ class ReportData:
     campaign: Optional[list] = None  # ledger entries for the Campaign section (report/campaign.py), with --ledger
     campaign_ledger: Optional[str] = None  # the ledger's path, as given
     drills: list = field(default_factory=list)  # why_slow.collect_drills entries
+    sweep: list = field(default_factory=list)  # batch_sweep rows, when the captures decode several batch sizes
 
 
 def default_labels(names: Sequence[str]) -> list:
@@ -117,25 +119,39 @@ def lint_findings(path: Path, run: Optional[dict]):
 
 def capture_gap(budget: dict, sqlite: Path, run: Optional[dict], run_path: Optional[str],
                 hardware: Optional[str]):
-    """(gap dict or None, note) for a capture whose run.json records the built-in workload's spec."""
+    """(gap dict or None, note) for a capture whose run.json records the built-in workload's spec or the served
+    model's config.json (limits/served.py)."""
     record = (run or {}).get("workload")
-    if not isinstance(record, dict):
-        why = "no run.json" if run is None else "run.json has no `workload` record (not the built-in workload)"
+    served = isinstance((run or {}).get("model_config"), dict) and bool(run["model_config"])
+    if not isinstance(record, dict) and not served:
+        why = ("no run.json" if run is None else
+               "run.json records neither the built-in workload nor the served model's config.json")
         return None, f"skipped: {why}"
     from profattr.limits.gap import compute_gap
     from profattr.limits.hardware import load_hardware, match_hardware, read_capture_gpus
+    from profattr.limits.served import spec_from_run
     from profattr.limits.workload import spec_from_workload
 
-    gpus = read_capture_gpus(sqlite)
+    try:
+        gpus = read_capture_gpus(sqlite)
+    except ProfattrError:
+        gpus = {}
+    names = [str(g.get("name") or "") for g in gpus.values()] or [
+        str(d.get("name") or "") for d in (run or {}).get("gpus") or [] if isinstance(d, dict)]
     hw_id = hardware
     if hw_id is None:
-        matched = {match_hardware(str(g.get("name") or "")) for g in gpus.values()}
+        matched = {match_hardware(n) for n in names}
         if len(matched) != 1 or None in matched:
             return None, "skipped: cannot tell the hardware from the capture's GPU names; pass --hardware"
         hw_id = matched.pop()
+    source = Path(run_path).name if run_path else "run.json"
     try:
-        spec = spec_from_workload(record, source=Path(run_path).name if run_path else "run.json")
-        return compute_gap(budget, spec, load_hardware(hw_id), capture_gpus=gpus), None
+        hw = load_hardware(hw_id)
+        if isinstance(record, dict):
+            spec = spec_from_workload(record, source=source)
+        else:
+            spec = spec_from_run(run, source=source, tp=None, context_len=None, kv_dtype=None, dsa_runs=hw.dsa_runs)
+        return compute_gap(budget, spec, hw, capture_gpus=gpus), None
     except ProfattrError as exc:
         return None, f"skipped: {exc.format_message()}"
 
@@ -189,20 +205,23 @@ def _rule_for(ruleset, kernel: dict):
 def collect_report(paths: Sequence, labels: Optional[Sequence[str]] = None, steps: str = "auto",
                    rules: Sequence = (), hardware: Optional[str] = None, samples: int = BOOTSTRAP_SAMPLES,
                    changed: Optional[str] = None, force_export: bool = False,
-                   mappings: Optional[dict] = None, skip_steps=None, drills: Sequence = ()) -> ReportData:
+                   mappings: Optional[dict] = None, skip_steps=None, drills: Sequence = (),
+                   layers: bool = False) -> ReportData:
     """Budgets, launch stats, lint findings and gaps of every capture; diffs of each against the first; the ranked
     bottlenecks; the taxonomy evidence. Captures are .sqlite exports or .nsys-rep reports; `mappings` gives a
     capture (as passed) an eager twin that lends NVTX context to its replayed graph kernels; `drills` names ncu
-    drill CSVs (paths, or (capture as passed, path)) beyond those found beside the captures."""
+    drill CSVs (paths, or (capture as passed, path)) beyond those found beside the captures; `layers` breaks every
+    capture down by model layer (captures with a mapping always are)."""
     if labels is not None and len(labels) != len(paths):
         raise ProfattrError(f"--labels gives {len(labels)} label(s) for {len(paths)} capture(s); give one per capture")
     captures = []
     for given in paths:
         path = Path(given)
         run, run_path, run_note = read_run(path)
+        mapping = (mappings or {}).get(given)
         budget = compute_budget(path, steps=steps, rules=rules, force=force_export, keep_attribution=True,
-                                skip_steps=skip_steps,
-                                mapping=(mappings or {}).get(given))
+                                skip_steps=skip_steps, mapping=mapping,
+                                by="layer" if mapping or layers else "category")
         launches = launch_stats(budget)
         budget.attribution = None  # the arrays are no longer needed; the diff needs only the per-step tables
         data = budget.to_dict()
@@ -221,8 +240,10 @@ def collect_report(paths: Sequence, labels: Optional[Sequence[str]] = None, step
     for cap, name in zip(captures, names):
         cap.label = name
     diffs = []
-    first = captures[0]
-    for cap in captures[1:]:
+    for i, cap in enumerate(captures[1:], 1):
+        first = baseline_of(captures[:i], cap)
+        if first is None:
+            continue  # the first capture of its batch size: the batch sweep compares it
         diff = compute_diff(first.side, cap.side, samples=samples, changed=changed or _changed(first, cap))
         diffs.append({"a": first.label, "b": cap.label, "diff": diff,
                       "a_modes": {s["device"]: s["mode"] for s in first.launches},
@@ -235,7 +256,47 @@ def collect_report(paths: Sequence, labels: Optional[Sequence[str]] = None, step
         cap.why_slow = sentences.get(cap.label, {})
     bottlenecks = rank_bottlenecks([c.as_input() for c in captures], diffs)
     return ReportData(captures=captures, diffs=diffs, bottlenecks=bottlenecks,
-                      evidence=evidence_summary(captures, rules), hardware=hardware, drills=drill_entries)
+                      evidence=evidence_summary(captures, rules), hardware=hardware, drills=drill_entries,
+                      sweep=batch_sweep(captures))
+
+
+def batch_of(cap: CaptureReport) -> Optional[int]:
+    """Sequences decoded per step, as run.json recorded the requests (or the built-in workload its batch)."""
+    for value in (((cap.run or {}).get("requests") or {}).get("batch"), ((cap.run or {}).get("workload") or {})
+                  .get("batch") if isinstance((cap.run or {}).get("workload"), dict) else None):
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def baseline_of(earlier: Sequence[CaptureReport], cap: CaptureReport) -> Optional[CaptureReport]:
+    """What `cap` is compared with: the first capture, or where batch sizes differ, the first capture of the same
+    batch (None when `cap` is the first of its batch: a step of another batch does other work)."""
+    batch = batch_of(cap)
+    if batch is None or batch_of(earlier[0]) in (None, batch):
+        return earlier[0]
+    return next((c for c in earlier if batch_of(c) == batch), None)
+
+
+def batch_sweep(captures: Sequence[CaptureReport]) -> list:
+    """Rows of the batch sweep (when the captures decode more than one batch size): per capture and GPU, the step,
+    the GPU time per generated token and tokens per second, largest categories."""
+    if len({batch_of(c) for c in captures} - {None}) < 2:
+        return []
+    rows = []
+    for cap in captures:
+        batch = batch_of(cap)
+        for d in cap.budget["devices"]:
+            step = float(d.get("mean_step_ms") or 0.0)
+            rows.append({"label": cap.label, "device": d["device"], "batch": batch,
+                         "backend": ((cap.run or {}).get("backend") or {}).get("sglang")
+                         or ((cap.run or {}).get("backend") or {}).get("requested"),
+                         "median_step_ms": d.get("step_ms"), "mean_step_ms": step,
+                         "ms_per_token": step / batch if batch and step else None,
+                         "tokens_per_s": 1e3 * batch / step if batch and step else None,
+                         "unprofiled_ms_per_step": unprofiled_ms(cap.run),
+                         "categories": {c["category"]: c["ms_per_step"] for c in d["categories"]}})
+    return rows
 
 
 def unprofiled_ms(run: Optional[dict]) -> Optional[float]:

@@ -141,15 +141,20 @@ def _drill_items(drills, captures) -> list:
 @click.option("--drill", "drills", multiple=True, metavar="[CAPTURE=]CSV",
               help="An ncu drill (NAME.ncu.csv from `profattr drill`) for the section \"Why the top kernels are "
                    "slow\", beyond the NAME-drill*.ncu.csv found beside each capture. Repeatable.")
+@click.option("--layers", is_flag=True,
+              help="Break every capture's step down by model layer (NVTX layer ranges, e.g. SGLang's "
+                   "--enable-layerwise-nvtx-marker); captures given a --mapping always are.")
 @click.option("--force", is_flag=True, help="Overwrite an existing report (report.md and charts) in the folder.")
-def report(captures, output, steps, skip_steps, rules, hardware, labels, changed, samples, mappings, force,
+def report(captures, output, steps, skip_steps, rules, hardware, labels, changed, samples, mappings, layers, force,
            ledger_path, drills):
     """Write the bottleneck report of CAPTURES to OUTPUT/report.md, with PNG charts.
 
-    CAPTURES are Nsight Systems SQLite exports or .nsys-rep reports; the first is the baseline every other
-    capture is compared with. NAME.run.json beside a capture (written by `profattr capture`) adds commands,
-    versions, lint findings and, for the built-in workload, the gap to the hardware limit. Nsight Compute drills
-    of a capture (NAME-drill*.ncu.csv beside it, or --drill) add why its top kernels are slow.
+    CAPTURES are Nsight Systems SQLite exports, .nsys-rep reports or torch-profiler traces; the first is the
+    baseline every other capture is compared with (where batch sizes differ, the first of the same batch; a batch
+    sweep table compares the rest). NAME.run.json beside a capture (written by `profattr capture`) adds commands,
+    versions, lint findings, what else differs between runs, and the gap to the hardware limit (from the served
+    model's recorded config.json or the built-in workload). Nsight Compute drills of a capture
+    (NAME-drill*.ncu.csv beside it, or --drill) add why its top kernels are slow.
     """
     from profattr.attribute.diff import BOOTSTRAP_SAMPLES
     from profattr.report.collect import collect_report
@@ -178,9 +183,10 @@ def report(captures, output, steps, skip_steps, rules, hardware, labels, changed
     data = collect_report(list(captures), labels=label_list, steps=steps, skip_steps=skip_steps, rules=rules,
                           hardware=hardware,
                           samples=BOOTSTRAP_SAMPLES if samples is None else samples, changed=changed,
-                          mappings=_mapping_pairs(mappings, captures), drills=_drill_items(drills, captures))
+                          mappings=_mapping_pairs(mappings, captures), drills=_drill_items(drills, captures),
+                          layers=layers)
     data.command = _command_line(captures, output, steps, rules, hardware, labels, samples, changed, mappings,
-                                 ledger_path, drills)
+                                 ledger_path, drills) + (" --layers" if layers else "")
     data.campaign, data.campaign_ledger = campaign, ledger_path
     written = write_report(data, output, force=force)
     click.echo(f"wrote {written[0]} and {len(written) - 1} chart(s)")

@@ -1,6 +1,7 @@
 """Render a diff (the `profattr.diff/1` dict) for a person (table) or as markdown."""
 from __future__ import annotations
 
+from profattr.attribute.confounds import describe
 from profattr.report.budget_view import layer_name
 from profattr.report.escape import md_escape
 
@@ -37,6 +38,12 @@ def render_table(diff: dict) -> str:
     lines = [f"A: {diff['a']['path']}", f"B: {diff['b']['path']}"]
     for w in diff.get("warnings", []):
         lines.append(f"WARNING: {w}")
+    changed, confounds = describe(diff.get("confounds") or [], "intended"), describe(diff.get("confounds") or [],
+                                                                                      "confound")
+    if changed:
+        lines.append(f"changed: {changed}")
+    if confounds:
+        lines.append(f"WARNING: also differs (part of the step difference may come from it): {confounds}")
     for d in diff["devices"]:
         s = d["step_ms"]
         lines.append("")
@@ -72,6 +79,13 @@ def render_markdown(diff: dict, a_label: str = "A", b_label: str = "B") -> str:
     for w in diff.get("warnings", []):
         out.append(f"> **Warning:** {md_escape(w)}")
         out.append("")
+    changed, confounds = describe(diff.get("confounds") or [], "intended"), describe(diff.get("confounds") or [],
+                                                                                      "confound")
+    if changed:
+        out += [f"Changed between the runs: {md_escape(changed)}.", ""]
+    if confounds:
+        out += [f"> **Also differs** (not what the comparison changes; part of the step difference may come from "
+                f"it): {md_escape(confounds)}.", ""]
     for d in diff["devices"]:
         s = d["step_ms"]
         out.append(f"**GPU {md_escape(d['device'])}**: {s['a']:.3f} → {s['b']:.3f} ms/step "

@@ -10,6 +10,7 @@ import re
 
 from profattr import __version__
 from profattr.report import diff_view, why_slow
+from profattr.report.budget_view import layer_name
 from profattr.report.bottlenecks import idle_reason, kernel_idle_sentence, split_delta
 from profattr.report.campaign import campaign_section
 from profattr.report.escape import md_escape
@@ -70,6 +71,7 @@ def render_report(data) -> str:
     out += [f"Written by profattr {md_escape(__version__)}. Everything below is per decode step and per GPU, measured "
             "from the captures listed under Reproducibility; shares are of the mean step.", ""]
     out += summary_section(data)
+    out += sweep_section(data)
     out += bottleneck_section(data)
     out += why_slow.section(data)
     out += reproducibility_section(data)
@@ -85,6 +87,36 @@ def render_report(data) -> str:
 
 
 # --- summary and bottlenecks --------------------------------------------------------------------------------------
+
+SWEEP_CATEGORIES = 4  # the largest categories (over all captures) shown per row of the batch sweep
+
+
+def sweep_section(data) -> list:
+    """Batch sweep: a step at batch B decodes B tokens, so steps compare as ms per token and tokens per second."""
+    if not data.sweep:
+        return []
+    totals: dict = {}
+    for r in data.sweep:
+        for cat, ms in r["categories"].items():
+            totals[cat] = totals.get(cat, 0.0) + ms
+    cats = sorted(totals, key=lambda c: -totals[c])[:SWEEP_CATEGORIES]
+    multi = _multi_device(data)
+    rows = []
+    for r in sorted(data.sweep, key=lambda r: (str(r["backend"]), r["batch"] or 0)):
+        label = md_escape(r["label"]) + (f" / GPU {md_escape(r['device'])}" if multi else "")
+        rows.append([label, md_escape(r["backend"] or "?"), r["batch"] or "?", f"{r['mean_step_ms']:.3f}",
+                     f"{r['ms_per_token']:.3f}" if r["ms_per_token"] else "",
+                     f"{r['tokens_per_s']:.0f}" if r["tokens_per_s"] else "",
+                     f"{r['unprofiled_ms_per_step']:.3f}" if r["unprofiled_ms_per_step"] else ""]
+                    + [f"{r['categories'].get(c, 0.0):.3f}" for c in cats])
+    out = ["## Batch sweep", "",
+           "A step at batch B decodes B tokens: per token and per second are the comparable figures. The diffs "
+           "below compare captures of the same batch size only.", ""]
+    out += _table(["capture", "MoE backend", "batch", "mean step ms", "GPU ms/token", "tokens/s",
+                   "unprofiled ms/step"] + [f"{md_escape(c)} ms" for c in cats], rows)
+    return out + ["", "Unprofiled ms/step: the client's timing of decode without the profiler (run.json), per "
+                  "generated token of each sequence.", ""]
+
 
 def summary_section(data) -> list:
     rows = []
@@ -118,8 +150,13 @@ def bottleneck_section(data) -> list:
         if _multi_device(data):
             where += f", GPU {md_escape(b['device'])}"
         of = "of the slower step" if b["kind"] == "diff" else "of the step"
+        also = ""
+        if b.get("also"):
+            others = [f"{a['capture']}" + (f" GPU {a['device']}" if _multi_device(data) else "")
+                      + f" {a['ms_per_step']:.3f} ms" for a in b["also"]]
+            also = f"; also {', '.join(others)}"
         out.append(f"{b['rank']}. **{md_escape(b['title'])}** ({where}; {b['ms_per_step']:.3f} ms/step, "
-                   f"{_pct(b['share_of_step'])} {of}): {md_escape(b['reason'])}")
+                   f"{_pct(b['share_of_step'])} {of}): {md_escape(b['reason'] + also)}")
     return out + [""]
 
 
@@ -271,7 +308,21 @@ def budget_section(data) -> list:
             if outside.get("ops"):
                 notes.append(f"outside every step (not in the budget): {outside['ops']} ops, {outside['ms']:.3f} ms")
             out += ["", "; ".join(notes) + ".", ""]
+            out += _layer_table(d)
     return out
+
+
+def _layer_table(d: dict) -> list:
+    """Per model layer (NVTX layer ranges, or their mapping from an eager twin): time, ops and top categories."""
+    if not d.get("layers"):
+        return []
+    step = d["mean_step_ms"] or 1e-12
+    rows = [[md_escape(layer_name(r["layer"])), f"{r['ms_per_step']:.3f}", f"{r['count_per_step']:.2f}",
+             _pct(r["ms_per_step"] / step),
+             md_escape(", ".join(f"{c['category']} {c['ms_per_step']:.3f}" for c in r["categories"][:3]))]
+            for r in d["layers"]]
+    return (["By model layer (kernel time; idle and overlap are not split by layer):", ""]
+            + _table(["layer", "ms/step", "ops/step", "share", "top categories (ms/step)"], rows) + [""])
 
 
 def top_kernels_section(data) -> list:
@@ -351,8 +402,11 @@ def launch_section(data) -> list:
 def diff_section(data) -> list:
     if not data.diffs:
         return []
-    first = data.diffs[0]["a"]
-    out = [f"## Differences against {md_escape(first)}", "",
+    bases = list(dict.fromkeys(e["a"] for e in data.diffs))
+    title = f"## Differences against {md_escape(bases[0])}" if len(bases) == 1 else "## Differences"
+    out = [title, "",
+           *([f"Each capture is compared with the first capture of its batch size ({', '.join(map(md_escape, bases))})."
+              , ""] if len(bases) > 1 else []),
            "Each component is B minus A in ms per step; the components add up to the change of the median step. "
            "Intervals are 95% bootstrap intervals over steps; a component whose interval holds 0 is noise.", ""]
     for entry in data.diffs:

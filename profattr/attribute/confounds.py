@@ -1,0 +1,85 @@
+"""What else differs between two captures' runs, beyond what the comparison means to change.
+
+A diff of two captures credits every difference in step time to what differs between them. run.json (written by
+`profattr capture`) records enough to list those differences: the server's arguments, the backends SGLang resolved,
+the request shape, tensor parallelism, package and profiler versions, the GPUs (name, driver, clocks, power limit)
+and the host. `compare_runs` returns them as `intended` (the server's arguments and the MoE backend: what the user
+chose to change) or `confound` (anything else: the step-time difference may come from it).
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, Iterable, List, Optional, Tuple
+
+# GPU fields that change the speed of the same kernels
+GPU_FIELDS = ("name", "clocks_max_sm_mhz", "clocks_max_mem_mhz", "power_limit_w", "memory_total_mib")
+REQUEST_FIELDS = ("batch", "input_len", "max_new_tokens")
+# server arguments that only name where things are, not how they run
+IGNORED_SERVER_ARGS = {"port", "host", "model_path", "tokenizer_path", "served_model_name", "log_level"}
+
+
+def _get(run: Optional[dict], *keys: str) -> Any:
+    value: Any = run or {}
+    for key in keys:
+        value = value.get(key) if isinstance(value, dict) else None
+    return value
+
+
+def _differ(kind: str, what: str, a: Any, b: Any) -> Optional[Dict[str, Any]]:
+    if a == b or a is None or b is None:  # the same, or not recorded on one side: unknown is not a difference
+        return None
+    return {"kind": kind, "what": what, "a": a, "b": b}
+
+
+def _pairs(a: Optional[dict], b: Optional[dict], keys: Iterable[str]) -> Iterable[Tuple[str, Any, Any]]:
+    for key in keys:
+        yield key, (a or {}).get(key), (b or {}).get(key)
+
+
+def compare_runs(a: Optional[dict], b: Optional[dict]) -> List[Dict[str, Any]]:
+    """Differences between two run.json records, each {kind: intended|confound, what, a, b}. Empty when either
+    run is unknown (there is nothing to compare: the report says so elsewhere)."""
+    if not isinstance(a, dict) or not isinstance(b, dict):
+        return []
+    out: List[Optional[Dict[str, Any]]] = []
+    args_a, args_b = _get(a, "server_log", "server_args") or {}, _get(b, "server_log", "server_args") or {}
+    for key in sorted(set(args_a) | set(args_b)):
+        if key not in IGNORED_SERVER_ARGS:
+            out.append(_differ("intended", f"server argument {key}", args_a.get(key), args_b.get(key)))
+    if not args_a or not args_b:  # no server arguments recorded: the backend profattr was asked for
+        out.append(_differ("intended", "MoE backend requested", _get(a, "backend", "requested"),
+                           _get(b, "backend", "requested")))
+    requested = {k for k in set(args_a) | set(args_b) if args_a.get(k) != args_b.get(k)}
+    res_a, res_b = _get(a, "server_log", "resolved") or {}, _get(b, "server_log", "resolved") or {}
+    for key, va, vb in _pairs(res_a, res_b, sorted(set(res_a) | set(res_b))):
+        if key in requested and (va, vb) == (args_a.get(key), args_b.get(key)):
+            continue  # resolved as asked: the server argument above says it
+        # a backend SGLang resolved differently although the argument that sets it is the same on both sides
+        kind = "intended" if key in requested else "confound"
+        out.append(_differ(kind, f"backend SGLang resolved: {key}", va, vb))
+    for key, va, vb in _pairs(a.get("requests"), b.get("requests"), REQUEST_FIELDS):
+        out.append(_differ("confound", f"requests {key}", va, vb))
+    out.append(_differ("confound", "tensor-parallel size", a.get("tp"), b.get("tp")))
+    out.append(_differ("confound", "model", a.get("model"), b.get("model")))
+    pa, pb = a.get("packages") or {}, b.get("packages") or {}
+    for key, va, vb in _pairs(pa, pb, sorted((set(pa) | set(pb)) - {"profattr"})):
+        out.append(_differ("confound", f"{key} version", va, vb))
+    out.append(_differ("confound", f"{a.get('profiler') or 'nsys'} version",
+                       _get(a, "nsys", "version") or _get(a, "profiler_version"),
+                       _get(b, "nsys", "version") or _get(b, "profiler_version")))
+    out.append(_differ("confound", "profiler", a.get("profiler"), b.get("profiler")))
+    out.append(_differ("confound", "CUDA graph trace mode", _get(a, "capture", "cuda_graph_trace"),
+                       _get(b, "capture", "cuda_graph_trace")))
+    out.append(_differ("confound", "driver", a.get("driver_version"), b.get("driver_version")))
+    gpus_a = [g for g in a.get("gpus") or [] if isinstance(g, dict)]
+    gpus_b = [g for g in b.get("gpus") or [] if isinstance(g, dict)]
+    out.append(_differ("confound", "GPU count", len(gpus_a) or None, len(gpus_b) or None))
+    for ga, gb in zip(gpus_a, gpus_b):
+        for key, va, vb in _pairs(ga, gb, GPU_FIELDS):
+            out.append(_differ("confound", f"GPU {ga.get('index', '?')} {key}", va, vb))
+    out.append(_differ("confound", "host platform", _get(a, "host", "platform"), _get(b, "host", "platform")))
+    return [d for d in out if d is not None]
+
+
+def describe(differences: List[Dict[str, Any]], kind: str) -> str:
+    """One line of the differences of one kind: `what a → b; ...` (raw text)."""
+    return "; ".join(f"{d['what']} {d['a']} → {d['b']}" for d in differences if d["kind"] == kind)

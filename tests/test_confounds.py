@@ -1,0 +1,62 @@
+"""What else differs between two runs (attribute/confounds.py), on the committed GLM-5-shaped run.json files and
+edited copies of them; and the diff CLI saying it."""
+from __future__ import annotations
+
+import copy
+import json
+
+from click.testing import CliRunner
+
+from conftest import EXAMPLES
+from profattr.attribute.confounds import compare_runs
+from profattr.cli import cli
+
+
+def run(name: str) -> dict:
+    return json.loads((EXAMPLES / f"glm5/{name}.run.json").read_text())
+
+
+def test_backend_pair_differs_only_in_what_was_changed():
+    a, b = run("glm-triton-bs1-r1"), run("glm-cutlass-bs1-r1")
+    args_a, args_b = a["server_log"]["server_args"], b["server_log"]["server_args"]
+    changed_args = {k for k in args_a if args_a[k] != args_b.get(k)}
+    got = compare_runs(a, b)
+    assert {d["what"] for d in got if d["kind"] == "intended"} == {f"server argument {k}" for k in changed_args}
+    assert changed_args == {"moe_runner_backend"}
+    assert not [d for d in got if d["kind"] == "confound"]
+
+
+def test_batch_sweep_is_a_confound_of_a_backend_diff():
+    got = compare_runs(run("glm-triton-bs1-r1"), run("glm-triton-bs8-r1"))
+    assert [(d["what"], d["a"], d["b"]) for d in got if d["kind"] == "confound"] == [("requests batch", 1, 8)]
+
+
+def test_versions_clocks_and_a_silently_resolved_backend_are_confounds():
+    a = run("glm-triton-bs1-r1")
+    b = copy.deepcopy(a)
+    b["packages"]["sglang"] = "0.5.17"
+    b["gpus"][0]["clocks_max_sm_mhz"] = 1755
+    b["server_log"]["resolved"]["fp8_gemm_runner_backend"] = "deep_gemm"  # same flag, another backend resolved
+    got = {d["what"]: d for d in compare_runs(a, b)}
+    assert got["sglang version"]["kind"] == "confound" and got["sglang version"]["b"] == "0.5.17"
+    assert got["GPU 0 clocks_max_sm_mhz"]["a"] == a["gpus"][0]["clocks_max_sm_mhz"]
+    resolved = got["backend SGLang resolved: fp8_gemm_runner_backend"]
+    assert resolved["kind"] == "confound" and (resolved["a"], resolved["b"]) == ("triton", "deep_gemm")
+
+
+def test_unknown_side_is_no_difference():
+    a = run("glm-triton-bs1-r1")
+    b = copy.deepcopy(a)
+    del b["packages"]
+    b["gpus"] = []
+    assert compare_runs(a, b) == [] and compare_runs(a, None) == []
+
+
+def test_diff_cli_warns_about_a_confound(export_example):
+    a, b = export_example("glm5/glm-triton-bs1-r1"), export_example("glm5/glm-triton-bs8-r1")
+    result = CliRunner().invoke(cli, ["diff", str(a), str(b), "--samples", "50"])
+    assert result.exit_code == 0, result.output
+    assert "WARNING: also differs (part of the step difference may come from it): requests batch 1 → 8" \
+        in result.output
+    out = CliRunner().invoke(cli, ["diff", str(a), str(b), "--samples", "50", "--format", "json"])
+    assert {"kind": "confound", "what": "requests batch", "a": 1, "b": 8} in json.loads(out.output)["confounds"]

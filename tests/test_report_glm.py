@@ -1,0 +1,75 @@
+"""`profattr report` over the GLM-5-shaped captures: the batch sweep, diffs within a batch size, the bottleneck
+line that ties the dense FP8 GEMMs to SGLang's default-config warning, and layers under CUDA graphs.
+
+Expected numbers come from SQL over the exports (tests/independent.py), the run.json files and the server logs."""
+from __future__ import annotations
+
+import gzip
+import json
+import re
+
+import pytest
+from click.testing import CliRunner
+
+from conftest import EXAMPLES
+from independent import expected_nvtx_like
+from profattr.cli import cli
+
+NAMES = ["glm5/glm-triton-bs1-r1", "glm5/glm-cutlass-bs1-r1", "glm5/glm-triton-bs4-r1", "glm5/glm-cutlass-bs4-r1"]
+
+
+def section(text: str, heading: str) -> str:
+    return text.split(heading + "\n", 1)[1].split("\n## ", 1)[0]
+
+
+@pytest.fixture(scope="module")
+def glm_report(export_example, tmp_path_factory):
+    paths = [export_example(n) for n in NAMES]
+    eager = export_example("glm5/glm-triton-eager")
+    out = tmp_path_factory.mktemp("glm-report")
+    result = CliRunner().invoke(cli, ["report", *map(str, paths), "-o", str(out), "--samples", "200",
+                                      "--mapping", f"{paths[0]}={eager}"])
+    assert result.exit_code == 0, result.output
+    return paths, (out / "report.md").read_text(encoding="utf-8")
+
+
+def test_batch_sweep_rows_follow_the_captures(glm_report):
+    paths, text = glm_report
+    sweep = section(text, "## Batch sweep")
+    rows = {line.split(" | ")[0].strip("| ").replace("\\", ""): line.split(" | ")
+            for line in sweep.splitlines() if line.startswith("| ") and not line.startswith("| capture")}
+    for path, name in zip(paths, NAMES):
+        run = json.loads((EXAMPLES / f"{name}.run.json").read_text())
+        batch = run["requests"]["batch"]
+        mean = expected_nvtx_like(path, "step[DECODE bs=%]")[0]["mean_step_ms"]
+        label = name.split("glm-", 1)[1].rsplit("-r1", 1)[0]
+        cells = rows[label]
+        assert int(cells[2]) == batch
+        assert float(cells[3]) == pytest.approx(mean, abs=6e-4)
+        assert float(cells[4]) == pytest.approx(mean / batch, abs=6e-4)
+        assert int(cells[5]) == pytest.approx(1e3 * batch / mean, abs=1)
+
+
+def test_diffs_compare_within_a_batch_size(glm_report):
+    _, text = glm_report
+    headings = [line for line in text.splitlines() if line.startswith("### ") and " vs " in line]
+    assert headings == ["### cutlass-bs1 vs triton-bs1", "### cutlass-bs4 vs triton-bs4"]
+
+
+def test_first_bottleneck_names_the_default_fp8_config(glm_report):
+    _, text = glm_report
+    with gzip.open(EXAMPLES / "glm5/glm-triton.server.log.gz", "rt", errors="replace") as fh:
+        shapes = set(re.findall(r"Using default W8A8 Block FP8 kernel config.*?Config file not found at \S*/"
+                                r"(N=\d+,K=\d+)", fh.read()))
+    first = next(line for line in section(text, "## Bottlenecks, ranked").splitlines() if line.startswith("1. "))
+    assert first.startswith("1. **gemm.fp8 ") and "in 4 captures" in first
+    assert f"no tuned config on this GPU for {len(shapes)} of its shapes" in first and len(shapes) == 9
+
+
+def test_layers_under_graphs_through_the_eager_twin(glm_report):
+    _, text = glm_report
+    budget = section(text, "## Per-step budget")
+    first = budget.split("### ", 2)[1]
+    layers = [line for line in first.splitlines() if re.match(r"\| layer \d", line)]
+    assert [line.split(" | ")[0] for line in layers] == [f"| layer {i}" for i in range(6)]
+    assert "By model layer" not in budget.split("### ", 2)[2]  # the other captures had no mapping
