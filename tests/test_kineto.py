@@ -160,3 +160,24 @@ def test_events_missing_fields_are_skipped_and_counted(tmp_path):
     assert sum(t.skipped.values()) == 5
     assert len(t.ops().start) == len(kernels) - 5 + sum(1 for e in trace["traceEvents"]
                                                         if e.get("cat") in ("gpu_memcpy", "gpu_memset"))
+
+
+def test_check_twin_flags_the_lossy_capture_and_passes_the_complete_one(export_example):
+    """`profattr check --twin TRACE`: kernels per decode step against a torch-profiler twin of the same decode."""
+    full, lossy = export_example("glm5/glm-triton-bs1-r1"), export_example("glm5/glm-triton-nsys2023")
+    trace = load(TORCH[0])["traceEvents"]
+    steps = [e for e in trace if e.get("cat") == "user_annotation" and e["name"].startswith("step[DECODE")]
+    launches = {e["args"]["correlation"]: e["ts"] for e in trace if e.get("cat") in ("cuda_runtime", "cuda_driver")}
+    kernels = [e for e in trace if e.get("cat") == "kernel"]
+    in_step = sum(1 for k in kernels if any(s["ts"] <= launches.get(k["args"]["correlation"], -1) <= s["ts"] + s["dur"]
+                                            for s in steps))
+    twin_per_step = in_step / len(steps)
+    ok = run("check", full, "--twin", TORCH[0], "--format", "json")
+    twin = next(f for f in json.loads(ok.output)["findings"] if f["check"] == "twin")
+    want = expected_nvtx_like(full, "step[DECODE bs=%]")[0]["kernels_per_step"]
+    assert twin["status"] == "pass" and twin["data"]["devices"][0]["kernels_per_step"] == pytest.approx(want)
+    assert twin["data"]["devices"][0]["twin_kernels_per_step"] == pytest.approx(twin_per_step)
+    bad = run("check", lossy, "--twin", TORCH[0], "--format", "json")
+    assert bad.exit_code == 1
+    twin = next(f for f in json.loads(bad.output)["findings"] if f["check"] == "twin")
+    assert twin["status"] == "fail" and twin["data"]["devices"][0]["relative"] < -0.5

@@ -299,5 +299,6 @@ def verdict(result: dict) -> str:
         real.sort(key=lambda c: -abs(c["delta_ms_per_step"]))
         causes = ", ".join(f"{c['component']} {c['delta_ms_per_step']:+.3f} ms" for c in real[:3])
         parts.append(f"GPU {d['device']}: B {s['delta']:+.3f} ms/step{rel} vs A{sig}"
-                     + (f"; mostly {causes}" if causes and not sig else ""))
+                     + (f"; mostly {causes}" if causes and not sig else
+                        f", though these components did change: {causes}" if causes else ""))
     return "; ".join(parts)

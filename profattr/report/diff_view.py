@@ -10,6 +10,16 @@ def _ci(ci) -> str:
     return f"[{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else "n/a"
 
 
+def quiet_note(c: dict, d: dict) -> str:
+    """Why a component is not a change: its interval holds 0 (noise), or it is real but under the threshold."""
+    if not c.get("noise"):
+        return ""
+    ci = c.get("ci95")
+    if c["component"] != "step_variability" and ci and not (ci[0] <= 0.0 <= ci[1]):
+        return f"small: under {d.get('practical_threshold_ms', 0.0):.3f} ms"
+    return "noise"
+
+
 def _kernel_line(row: dict, width: int = 60) -> str:
     k = row.get("kernels") or {}
     a = [x["name"] for x in k.get("only_a", [])]
@@ -54,7 +64,7 @@ def render_table(diff: dict) -> str:
         for c in d["components"]:
             if abs(c["delta_ms_per_step"]) < 5e-5 and abs(c["a_ms_per_step"]) < 5e-5:
                 continue
-            note = "noise" if c["noise"] else ""
+            note = quiet_note(c, d)
             if "from_count_ms" in c and abs(c["delta_ms_per_step"]) >= 5e-4:
                 note += f"{'; ' if note else ''}{family_note(c)}"
             lines.append(f"  {c['component']:<28}{c['a_ms_per_step']:>9.3f}{c['b_ms_per_step']:>9.3f}"
@@ -98,7 +108,7 @@ def render_markdown(diff: dict, a_label: str = "A", b_label: str = "B") -> str:
         for c in d["components"]:
             if abs(c["delta_ms_per_step"]) < 5e-5 and abs(c["a_ms_per_step"]) < 5e-5:
                 continue
-            ci = _ci(c["ci95"]) + (" (noise)" if c["noise"] else "")
+            ci = _ci(c["ci95"]) + (f" ({quiet_note(c, d)})" if c["noise"] else "")
             fc = f"{c['from_count_ms']:+.3f}" if "from_count_ms" in c else ""
             fd = f"{c['from_duration_ms']:+.3f}" if "from_duration_ms" in c else ""
             ar = (f"{c['added_ms']:+.3f} / {c['removed_ms']:+.3f}" if "added_ms" in c else "")
