@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import json
 import re
+import shutil
 
 import pytest
 from click.testing import CliRunner
@@ -73,3 +74,29 @@ def test_layers_under_graphs_through_the_eager_twin(glm_report):
     layers = [line for line in first.splitlines() if re.match(r"\| layer \d", line)]
     assert [line.split(" | ")[0] for line in layers] == [f"| layer {i}" for i in range(6)]
     assert "By model layer" not in budget.split("### ", 2)[2]  # the other captures had no mapping
+
+
+def test_a_glob_is_a_replicate_group(export_example, tmp_path):
+    caps = tmp_path / "caps"
+    caps.mkdir()
+    members = {}
+    for b in ("triton", "cutlass"):
+        members[b] = []
+        for r in (1, 2):
+            name = f"glm-{b}-bs1-r{r}"
+            src = export_example(f"glm5/{name}")
+            shutil.copyfile(src, caps / src.name)
+            shutil.copyfile(EXAMPLES / "glm5" / f"{name}.run.json", caps / f"{name}.run.json")
+            members[b].append(caps / src.name)
+    out = tmp_path / "report"
+    result = CliRunner().invoke(cli, ["report", str(caps / "glm-triton-bs1-r?.sqlite"),
+                                      str(caps / "glm-cutlass-bs1-r?.sqlite"), "-o", str(out), "--samples", "200"])
+    assert result.exit_code == 0, result.output
+    text = (out / "report.md").read_text(encoding="utf-8")
+    summary = section(text, "## Summary")
+    for label, paths in members.items():
+        row = next(line for line in summary.splitlines() if line.startswith(f"| {label} |"))
+        means = [expected_nvtx_like(p, "step[DECODE bs=%]")[0]["mean_step_ms"] for p in paths]
+        assert float(row.split(" | ")[3]) == pytest.approx(sum(means) / 2, abs=6e-4)
+        assert int(row.split(" | ")[1]) == sum(expected_nvtx_like(p, "step[DECODE bs=%]")[0]["steps"] for p in paths)
+    assert "### cutlass vs triton" in text and "2 replicates (" in text

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from profattr.attribute.budget import compute_budget
-from profattr.attribute.diff import BOOTSTRAP_SAMPLES, Side, compute_diff
+from profattr.attribute.diff import BOOTSTRAP_SAMPLES, Side, compute_diff, expand, group, load_side
 from profattr.errors import ProfattrError
 from profattr.report import why_slow
 from profattr.report.bottlenecks import rank_bottlenecks
@@ -84,6 +84,15 @@ def capture_name(path: Path, run: Optional[dict]) -> str:
         if name.endswith(suffix):
             return name[: -len(suffix)]
     return name
+
+
+def group_name(cap: "CaptureReport") -> str:
+    """The name of a replicate group: what its members' names share, without a trailing replicate number."""
+    import os
+
+    names = [capture_name(Path(m.path), m.run) for m in cap.side.members]
+    common = os.path.commonprefix(names)
+    return re.sub(r"[-_.]*r?\d*$", "", common) or names[0]
 
 
 def read_run(path: Path):
@@ -219,22 +228,35 @@ def collect_report(paths: Sequence, labels: Optional[Sequence[str]] = None, step
         path = Path(given)
         run, run_path, run_note = read_run(path)
         mapping = (mappings or {}).get(given)
+        members = expand(given)  # a glob names replicate captures of one configuration: one column of the report
+        if len(members) > 1:
+            path = Path(members[0])
+            run, run_path, run_note = read_run(path)
+        by = "layer" if mapping or layers else "category"
         budget = compute_budget(path, steps=steps, rules=rules, force=force_export, keep_attribution=True,
-                                skip_steps=skip_steps, mapping=mapping,
-                                by="layer" if mapping or layers else "category")
+                                skip_steps=skip_steps, mapping=mapping, by=by)
         launches = launch_stats(budget)
         budget.attribution = None  # the arrays are no longer needed; the diff needs only the per-step tables
         data = budget.to_dict()
         checks, checks_source, checks_note = lint_findings(Path(budget.path), run)
-        gap, gap_note = capture_gap(data, Path(budget.path), run, run_path, hardware)
         side = Side(str(path), data, budget.per_step, budget.per_step_category, run)
         side.per_step_comm = getattr(budget, "per_step_comm", None)  # per-step collective waits (several GPUs)
-        captures.append(CaptureReport(label="", path=str(path), budget=data, launches=launches, run=run,
+        if len(members) > 1:
+            rest = [load_side(m, steps=steps, rules=rules, mapping=mapping, by=by, skip_steps=skip_steps)
+                    for m in members[1:]]
+            side = group([side] + rest)
+            data = side.budget
+            run_note = (f"{len(members)} replicates ({', '.join(Path(m).name for m in members)}): budgets, gap and "
+                        f"diffs are their mean, with intervals over replicates and steps; launches, checks and run "
+                        f"metadata are of the first")
+        gap, gap_note = capture_gap(data, Path(budget.path), run, run_path, hardware)
+        captures.append(CaptureReport(label="", path=str(given), budget=data, launches=launches, run=run,
                                       run_path=run_path, run_note=run_note, checks=checks,
                                       checks_source=checks_source, checks_note=checks_note, gap=gap,
                                       gap_note=gap_note, side=side))
     names = list(labels) if labels is not None else default_labels(
-        [capture_name(Path(c.path), c.run) for c in captures])
+        [group_name(c) if c.side is not None and len(c.side.members) > 1 else capture_name(Path(c.path), c.run)
+         for c in captures])
     if len(set(names)) != len(names):
         raise ProfattrError(f"labels must differ from each other (got {', '.join(names)}); pass --labels")
     for cap, name in zip(captures, names):
