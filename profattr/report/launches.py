@@ -6,13 +6,15 @@ Per device, over the budget's steps:
 - GPU ops per step replayed from a CUDA graph (a graph node id) or launched one by one;
 - the gaps between consecutive GPU ops of a step (start minus the latest end so far, when positive): their sum is
   the budget's idle time; each gap is charged to the op that ends it (graph-replayed or eager), which separates
-  waiting inside a graph replay from waiting on host work between launches.
+  waiting inside a graph replay from waiting on host work between launches;
+- what the host was doing during those gaps (host_gaps.py: CUDA API calls and NVTX ranges that overlap them).
 """
 from __future__ import annotations
 
 import numpy as np
 
 from profattr.attribute.budget import Budget
+from profattr.report import host_gaps
 from profattr.trace.source import open_trace
 
 NS_PER_MS = 1e6
@@ -26,24 +28,29 @@ def launch_stats(budget: Budget) -> list:
     att = budget.attribution
     if att is None:
         raise ValueError("launch_stats needs compute_budget(..., keep_attribution=True)")
-    calls = _calls_per_step(budget)
+    with open_trace(budget.path) as source:
+        api = source.api_calls()
+        ranges = source.ranges()
+    calls = _calls_per_step(budget, api)
     out = []
     for d in budget.devices:
         device = d["device"]
         steps = budget.per_step.loc[budget.per_step["device"] == device, "step"].to_numpy()
-        out.append(_device_stats(att, device, steps, calls, d))
+        stats = _device_stats(att, device, steps, calls, d)
+        sel = (att.step >= 0) & (att.ops.device == device)
+        gs, ge = host_gaps.idle_intervals(att.step[sel], att.ops.start[sel], att.ops.end[sel])
+        stats["host_in_idle"] = host_gaps.host_activity(gs, ge, api, ranges, att.steps, len(steps))
+        out.append(stats)
     return out
 
 
-def _calls_per_step(budget: Budget) -> np.ndarray | None:
+def _calls_per_step(budget: Budget, api: dict) -> np.ndarray | None:
     """Array steps x (graph, kernel, memory, sync, sync_ns) of CUDA API calls; None without recorded calls.
 
     A call belongs to the step whose interval on its thread holds the call's start (Steps.assign), as GPU work
     belongs to the step of its launch."""
     st = budget.attribution.steps
     n = len(st)
-    with open_trace(budget.path) as source:
-        api = source.api_calls()
     if n == 0 or not len(api["kind"]):
         return None
     step = st.assign(api["tid"], api["start"])

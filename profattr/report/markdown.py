@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 
 from profattr import __version__
-from profattr.report import diff_view, why_slow
+from profattr.report import diff_view, host_gaps, why_slow
 from profattr.report.budget_view import layer_name
 from profattr.report.bottlenecks import idle_reason, kernel_idle_sentence, split_delta
 from profattr.report.campaign import campaign_section
@@ -383,6 +383,9 @@ def launch_section(data) -> list:
                                                md_escape(f"idle {100 * s['idle_share']:.1f}% of the step: the GPU "
                                                          "runs kernels nearly back to back; the step is kernel "
                                                          "time")))
+            host = host_gaps.describe(s.get("host_in_idle") or {})
+            if host:
+                notes[-1] += md_escape(f"; {host}")
     out += _table(["capture", "mode", "graph launches/step", "kernel launches/step", "memcpy/memset calls/step",
                    "sync calls/step", "kernels/step", "ops replayed from a graph/step", "ops launched eagerly/step"],
                   rows)

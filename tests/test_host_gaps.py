@@ -1,0 +1,74 @@
+"""What the host did while the GPU idled (report/host_gaps.py): interval arithmetic on hand-made cases, and the
+idle gaps and graph-launch overlap of a real GLM-5-shaped capture against SQL and plain Python written here."""
+from __future__ import annotations
+
+import bisect
+import sqlite3
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from independent import MEMOPS, NVTX_LIKE_STEPS_CTE, OPS_CTE
+from profattr.attribute.budget import compute_budget
+from profattr.attribute.steps import Steps
+from profattr.report import host_gaps
+from profattr.report.launches import launch_stats
+
+
+def test_idle_intervals_skip_overlapping_ops_and_step_boundaries():
+    step = np.array([0, 0, 0, 1, 1])
+    start = np.array([0, 5, 20, 100, 130])
+    end = np.array([10, 8, 25, 110, 140])  # op 2 sits inside op 1's span: no gap between them
+    gs, ge = host_gaps.idle_intervals(step, start, end)
+    assert gs.tolist() == [10, 110] and ge.tolist() == [20, 130]  # none across the step boundary 25 -> 100
+
+
+def test_overlap_with_gap_union():
+    gs, ge = np.array([10, 50]), np.array([20, 60])
+    calls_s, calls_e = np.array([0, 15, 55, 70, 0]), np.array([12, 55, 58, 80, 100])
+    got = host_gaps.overlap_with(gs, ge, calls_s, calls_e)
+    assert got.tolist() == [2.0, 10.0, 3.0, 0.0, 20.0]
+    assert host_gaps.overlap_with(gs[:0], ge[:0], calls_s, calls_e).tolist() == [0.0] * 5
+
+
+def test_only_innermost_ranges_that_do_not_enclose_a_step():
+    ranges = pd.DataFrame({"start": [0, 5, 30, 0], "end": [100, 20, 40, 100], "tid": [1, 1, 1, 2],
+                           "text": ["outer", "inner", "inner2", "other-thread"]})
+    assert host_gaps.leaf_ranges(ranges).tolist() == [False, True, True, True]
+
+    steps = Steps(source="nvtx:other-thread", tid=np.array([2]), start=np.array([0]), end=np.array([100]))
+    assert host_gaps.enclosing_steps(ranges, steps).tolist() == [False, False, False, True]
+
+
+def test_real_capture_gaps_and_graph_launch_overlap(export_example):
+    path = export_example("glm5/glm-triton-bs1-r1")
+    budget = compute_budget(path, keep_attribution=True)
+    host = launch_stats(budget)[0]["host_in_idle"]
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    memops = "".join(sql for t, sql in MEMOPS.items() if t in tables)
+    rows = conn.execute("WITH " + OPS_CTE.format(memops=memops) + "," + NVTX_LIKE_STEPS_CTE + """
+        SELECT steps.step, ops.s, ops.e FROM ops JOIN steps ON steps.stid = ops.tid AND ops.api BETWEEN steps.ss
+        AND steps.se ORDER BY steps.step, ops.s""", {"pattern": "step[DECODE bs=%]"}).fetchall()
+    calls = conn.execute("""SELECT r.start, r."end" FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN StringIds s
+                            ON s.id = r.nameId WHERE s.value LIKE 'cudaGraphLaunch%'""").fetchall()
+    conn.close()
+    gaps, last_step, run_end = [], None, None
+    for step, s, e in rows:  # plain Python: the gaps between consecutive ops of each step
+        if step == last_step and s > run_end:
+            gaps.append((run_end, s))
+        run_end = e if step != last_step else max(run_end, e)
+        last_step = step
+    n_steps = len({r[0] for r in rows})
+    assert host["idle_ms_per_step"] == pytest.approx(sum(b - a for a, b in gaps) / n_steps / 1e6, rel=1e-9)
+    assert host["idle_ms_per_step"] == pytest.approx(budget.devices[0]["idle_ms_per_step"], rel=1e-6)
+    starts = [a for a, _ in gaps]
+    overlap = 0
+    for cs, ce in calls:
+        i = max(bisect.bisect_right(starts, cs) - 1, 0)
+        while i < len(gaps) and gaps[i][0] < ce:
+            overlap += max(0, min(ce, gaps[i][1]) - max(cs, gaps[i][0]))
+            i += 1
+    graph = next(r for r in host["api"] if r["kind"] == "graph launches")
+    assert graph["ms_per_step"] == pytest.approx(overlap / n_steps / 1e6, rel=1e-9)
