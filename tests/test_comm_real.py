@@ -147,3 +147,20 @@ def test_cli_renders_comm(tp2):
 def test_single_gpu_has_no_comm(export_example):
     data = compute_budget(export_example("wl-eager-grouped")).to_dict()
     assert "comm" not in data and "comm" not in data["devices"][0]
+
+
+def test_caused_wait_and_the_report_tp_section(tp2, tmp_path):
+    """With two ranks, the wait a rank caused is the other rank's wait (SQL above); the report names that rank."""
+    path, budget = tp2
+    per_dev, _ = sql_split(path)
+    wait = {dev: wait_ns / steps / 1e6 for dev, _c, wait_ns, steps, _n in per_dev}
+    devices = {d["device"]: d["comm"] for d in budget.to_dict()["devices"]}
+    assert close(devices[1]["caused_wait_ms_per_step"], wait[0]) and close(devices[0]["caused_wait_ms_per_step"],
+                                                                           wait[1])
+    out = tmp_path / "report"
+    result = CliRunner().invoke(cli, ["report", str(path), "-o", str(out), "--samples", "50"])
+    assert result.exit_code == 0, result.output
+    text = (out / "report.md").read_text(encoding="utf-8")
+    tp = text.split("## Tensor parallelism\n", 1)[1].split("\n## ", 1)[0]
+    waited_for = max(wait, key=lambda d: wait[1 - d])  # the rank whose partner waits more
+    assert f"GPU {waited_for} is the rank the others wait for: they spend {wait[1 - waited_for]:.3f} ms/step" in tp

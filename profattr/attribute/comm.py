@@ -15,7 +15,8 @@ the slowest rank. Definitions (devices are ranks; one capture holds all ranks' p
 - an incomplete instance (rank counts differ) is all transfer and counted as unmatched;
 - the slowest rank of step k: the device the others waited for most in that step, i.e. the largest sum, over the
   instances where it arrived last, of the other devices' waits (ties: most last arrivals, then the lower id);
-  `slowest_rank_share` = share of the compared steps in which a device was it.
+  `slowest_rank_share` = share of the compared steps in which a device was it; `caused_wait_ms_per_step` = the
+  other ranks' wait, summed over the instances where this device arrived last, per step: who the others wait for.
 """
 from __future__ import annotations
 
@@ -76,6 +77,7 @@ def collective_split(ops, step: np.ndarray, step_start: np.ndarray, category: np
     caused = caused.sort_values(["k", "caused", "n_last", "last"], ascending=[True, False, False, True])
     slowest = caused.groupby("k").head(1).set_index("k")["last"]
     slowest_per_step = [int(slowest[k]) for k in step_ks]
+    caused_by = caused.groupby("last")["caused"].sum()  # the other ranks' wait each rank caused, over all steps
 
     per_device, per_step = {}, []
     for device in devices:
@@ -89,6 +91,7 @@ def collective_split(ops, step: np.ndarray, step_start: np.ndarray, category: np
             "wait_ms_per_step": wait_ns / n / NS_PER_MS,
             "slowest_rank_share": (sum(1 for d in slowest_per_step if d == device) / len(slowest_per_step)
                                    if slowest_per_step else 0.0),
+            "caused_wait_ms_per_step": float(caused_by.get(device, 0.0)) / n / NS_PER_MS,
             "instances_per_step": len(t) / n,
             "unmatched_per_step": float((~t["complete"]).sum()) / n,
             "by_category": [{"category": r.category, "collective_ms_per_step": r.dur / n / NS_PER_MS,

@@ -61,7 +61,8 @@ TABLES = {
     }, ("entry_id", "device", "position"), [ENTRY], [(("category",), False), (("name",), False)]),
     "comm": ({
         "entry_id": int, "device": int, "collective_ms_per_step": float, "transfer_ms_per_step": float,
-        "wait_ms_per_step": float, "slowest_rank_share": float, "instances_per_step": float,
+        "wait_ms_per_step": float, "slowest_rank_share": float, "caused_wait_ms_per_step": float,
+        "instances_per_step": float,
         "unmatched_per_step": float,
     }, ("entry_id", "device"), [ENTRY], []),
     "comm_categories": ({

@@ -80,6 +80,7 @@ def render_report(data) -> str:
     out += category_chart_section(data)
     out += campaign_section(data)
     out += launch_section(data)
+    out += tp_section(data)
     out += diff_section(data)
     out += lint_section(data)
     out += gap_section(data)
@@ -397,6 +398,42 @@ def launch_section(data) -> list:
     name = data.charts.get("launches")
     if name:
         out += [f"![busy vs idle time and how the ops are launched, per capture]({name})", ""]
+    return out
+
+
+def tp_section(data) -> list:
+    """Tensor parallelism: per rank, collective time split into transfer and waiting for the slowest rank."""
+    caps = [c for c in data.captures if c.budget.get("comm")]
+    if not caps:
+        return []
+    out = ["## Tensor parallelism", "",
+           "The k-th collective of a step is matched on every rank: its transfer time is its duration on the rank "
+           "that arrived last; on every other rank the rest is waiting for that rank (skew, not communication).", ""]
+    for cap in caps:
+        rows, devices = [], [d for d in cap.budget["devices"] if d.get("comm")]
+        for d in devices:
+            c = d["comm"]
+            share = c["wait_ms_per_step"] / c["collective_ms_per_step"] if c["collective_ms_per_step"] else 0.0
+            rows.append([f"GPU {md_escape(d['device'])}", f"{d['mean_step_ms']:.3f}", f"{c['collective_ms_per_step']:.3f}",
+                         f"{c['transfer_ms_per_step']:.3f}", f"{c['wait_ms_per_step']:.3f}", _pct(share),
+                         f"{c.get('caused_wait_ms_per_step', 0.0):.3f}", _pct(c["slowest_rank_share"])])
+        out += [f"### {md_escape(cap.label)}", ""]
+        out += _table(["rank", "mean step ms", "collectives ms/step", "transfer ms", "wait ms", "wait share",
+                       "others' wait it caused ms", "slowest in % of steps"], rows)
+        if devices:
+            slow = max(devices, key=lambda d: (d["comm"].get("caused_wait_ms_per_step", 0.0),
+                                               d["comm"]["slowest_rank_share"]))
+            others = [d for d in devices if d is not slow]
+            caused = slow["comm"].get("caused_wait_ms_per_step", 0.0)
+            total = sum(d["comm"]["collective_ms_per_step"] for d in others)
+            out += ["", md_escape(
+                f"GPU {slow['device']} is the rank the others wait for: they spend {caused:.3f} ms/step in all "
+                f"waiting at collectives it reached last"
+                + (f" ({100 * caused / total:.0f}% of their collective time)" if total else "")
+                + f"; it was the slowest rank in {100 * slow['comm']['slowest_rank_share']:.0f}% of "
+                f"{cap.budget['comm'].get('steps_compared', '?')} steps. Speed up that rank's work before the "
+                "collectives (or its launches), not the all-reduce.")]
+        out.append("")
     return out
 
 
