@@ -21,9 +21,8 @@ def _empty_ops() -> Ops:
 
 
 def _budget(source) -> tuple:
-    """(Budget or None, ops, ranges, why not)."""
+    """(Budget or None, ops, why not)."""
     from profattr.attribute.budget import budget_of
-    from profattr.attribute.nvtx import load_ranges
 
     try:
         budget = budget_of(source, "auto")
@@ -32,9 +31,8 @@ def _budget(source) -> tuple:
             ops = source.ops()
         except ProfattrError:
             ops = _empty_ops()
-        return None, ops, load_ranges(source), f"steps could not be counted: {exc.format_message()}"
-    att = budget.attribution
-    return budget, att.ops, att.ranges, None
+        return None, ops, f"steps could not be counted: {exc.format_message()}"
+    return budget, budget.attribution.ops, None
 
 
 def evaluate(path, run: dict | None = None, twin=None) -> tuple:
@@ -42,7 +40,7 @@ def evaluate(path, run: dict | None = None, twin=None) -> tuple:
     per-step budget they used. `twin`: another capture of the same decode (eager or torch profiler) to compare
     kernels per step with."""
     with open_trace(path) as source:
-        budget, ops, ranges, why_not = _budget(source)
+        budget, ops, why_not = _budget(source)
         facts = gather(source, ops)
         cuda = recording.traced_cuda(run, facts) is not False
         findings = [recording.check_kernels(run, facts)]

@@ -6,62 +6,19 @@ goes through `md_escape`, or into a fenced code block whose fence is longer than
 """
 from __future__ import annotations
 
-import re
-
 from profattr import __version__
-from profattr.report import diff_view, host_gaps, why_slow
+from profattr.report import why_slow
 from profattr.report.budget_view import layer_name
-from profattr.report.bottlenecks import idle_reason, kernel_idle_sentence, split_delta
 from profattr.report.campaign import campaign_section
 from profattr.report.escape import md_escape
+from profattr.report.md_diff import diff_explanation, diff_section  # noqa: F401  (diff_explanation: for callers)
+from profattr.report.md_runtime import launch_section, tp_section
+from profattr.report.md_table import (  # noqa: F401  (code_block: for campaign.py)
+    _devices_label, _multi_device, _pct, _short, _table, code_block)
 
 TOP_KERNELS = 10
-NAME_WIDTH = 80
 STATUS_MARK = {"pass": "pass", "warn": "**warn**", "fail": "**FAIL**", "skip": "skip"}
 PACKAGES = ("torch", "sglang", "sglang_kernel", "flashinfer", "triton", "nvtx", "profattr")
-
-
-def code_block(text: str, lang: str = "") -> list:
-    """A fenced code block that nothing inside can close."""
-    longest = max((len(m) for m in re.findall(r"`+", text)), default=0)
-    fence = "`" * max(3, longest + 1)
-    return [fence + lang, text, fence]
-
-
-def _short(name: str, width: int = NAME_WIDTH) -> str:
-    return name if len(name) <= width else name[: width - 1] + "…"
-
-
-def _pct(x: float) -> str:
-    return f"{100.0 * x:.1f}%"
-
-
-def _f(value, fmt: str = ".1f", none: str = "n/a") -> str:
-    return none if value is None else format(value, fmt)
-
-
-def _devices_label(cap, d) -> str:
-    n = len(cap.budget["devices"])
-    return md_escape(cap.label) if n == 1 else f"{md_escape(cap.label)} / GPU {d['device']}"
-
-
-def _numeric(cell) -> bool:
-    text = str(cell).strip("*% ").replace(",", "")
-    try:
-        float(text)
-        return True
-    except ValueError:
-        return False
-
-
-def _table(headers, rows) -> list:
-    """A markdown table; columns whose cells are all numbers (or empty) are right-aligned."""
-    align = []
-    for i, _ in enumerate(headers):
-        cells = [r[i] for r in rows if str(r[i]).strip()]
-        align.append("---:" if cells and all(_numeric(c) for c in cells) else "---")
-    out = ["| " + " | ".join(headers) + " |", "|" + "|".join(align) + "|"]
-    return out + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
 
 
 def render_report(data) -> str:
@@ -159,10 +116,6 @@ def bottleneck_section(data) -> list:
         out.append(f"{b['rank']}. **{md_escape(b['title'])}** ({where}; {b['ms_per_step']:.3f} ms/step, "
                    f"{_pct(b['share_of_step'])} {of}): {md_escape(b['reason'] + also)}")
     return out + [""]
-
-
-def _multi_device(data) -> bool:
-    return any(len(c.budget["devices"]) > 1 for c in data.captures)
 
 
 # --- reproducibility ----------------------------------------------------------------------------------------------
@@ -355,187 +308,6 @@ def category_chart_section(data) -> list:
             f"![kernel time per category and idle time, per capture]({name})", "",
             "Left: ms per step, stacked by category, idle on top; right: the same as shares of the step. "
             "The largest categories are shown one by one, the rest summed.", ""]
-
-
-# --- idle and launches ----------------------------------------------------------------------------------------------
-
-def launch_section(data) -> list:
-    out = ["## Idle time and launches", "",
-           "Launch calls are counted per step on the step's CPU thread; gaps are between consecutive GPU ops of a "
-           "step (their sum is the idle time), each charged to the op that ends it: one replayed from a CUDA "
-           "graph, or one launched by itself.", ""]
-    rows, gap_rows, notes = [], [], []
-    for cap in data.captures:
-        devices = {d["device"]: d for d in cap.budget["devices"]}
-        for s in cap.launches:
-            d = devices[s["device"]]
-            label = _devices_label(cap, d)
-            rows.append([label, md_escape(s["mode"]), _f(s["graph_launches_per_step"], ".2f"),
-                         _f(s["kernel_launches_per_step"], ".1f"), _f(s["memory_calls_per_step"], ".1f"),
-                         _f(s["sync_calls_per_step"], ".1f"), f"{s['kernels_per_step']:.1f}",
-                         f"{s['graph_ops_per_step']:.1f}", f"{s['eager_ops_per_step']:.1f}"])
-            gap_rows.append([label, f"{s['mean_step_ms']:.3f}", f"{s['idle_ms_per_step']:.3f}",
-                             _pct(s["idle_share"]), f"{s['idle_before_graph_ops_ms']:.3f}",
-                             f"{s['idle_before_eager_ops_ms']:.3f}", f"{s['mean_gap_us']:.2f}",
-                             f"{s['median_gap_us']:.2f}", f"{s['largest_gap_us']:.1f}"])
-            reason = idle_reason(s)
-            notes.append(f"- **{label}**: " + (md_escape(f"idle {100 * s['idle_share']:.0f}% of the step: {reason}")
-                                               if reason else
-                                               md_escape(f"idle {100 * s['idle_share']:.1f}% of the step: the GPU "
-                                                         "runs kernels nearly back to back; the step is kernel "
-                                                         "time")))
-            host = host_gaps.describe(s.get("host_in_idle") or {})
-            if host:
-                notes[-1] += md_escape(f"; {host}")
-    out += _table(["capture", "mode", "graph launches/step", "kernel launches/step", "memcpy/memset calls/step",
-                   "sync calls/step", "kernels/step", "ops replayed from a graph/step", "ops launched eagerly/step"],
-                  rows)
-    out += [""]
-    out += _table(["capture", "mean step ms", "idle ms", "idle share", "idle inside graph replays ms",
-                   "idle before eager ops ms", "mean gap µs", "median nonzero gap µs", "largest gap per step µs"],
-                  gap_rows)
-    out += [""] + notes + [""]
-    name = data.charts.get("launches")
-    if name:
-        out += [f"![busy vs idle time and how the ops are launched, per capture]({name})", ""]
-    return out
-
-
-def tp_section(data) -> list:
-    """Tensor parallelism: per rank, collective time split into transfer and waiting for the slowest rank."""
-    caps = [c for c in data.captures if c.budget.get("comm")]
-    if not caps:
-        return []
-    out = ["## Tensor parallelism", "",
-           "The k-th collective of a step is matched on every rank: its transfer time is its duration on the rank "
-           "that arrived last; on every other rank the rest is waiting for that rank (skew, not communication).", ""]
-    for cap in caps:
-        rows, devices = [], [d for d in cap.budget["devices"] if d.get("comm")]
-        for d in devices:
-            c = d["comm"]
-            share = c["wait_ms_per_step"] / c["collective_ms_per_step"] if c["collective_ms_per_step"] else 0.0
-            rows.append([f"GPU {md_escape(d['device'])}", f"{d['mean_step_ms']:.3f}", f"{c['collective_ms_per_step']:.3f}",
-                         f"{c['transfer_ms_per_step']:.3f}", f"{c['wait_ms_per_step']:.3f}", _pct(share),
-                         f"{c.get('caused_wait_ms_per_step', 0.0):.3f}", _pct(c["slowest_rank_share"])])
-        out += [f"### {md_escape(cap.label)}", ""]
-        out += _table(["rank", "mean step ms", "collectives ms/step", "transfer ms", "wait ms", "wait share",
-                       "others' wait it caused ms", "slowest in % of steps"], rows)
-        if devices:
-            slow = max(devices, key=lambda d: (d["comm"].get("caused_wait_ms_per_step", 0.0),
-                                               d["comm"]["slowest_rank_share"]))
-            others = [d for d in devices if d is not slow]
-            caused = slow["comm"].get("caused_wait_ms_per_step", 0.0)
-            total = sum(d["comm"]["collective_ms_per_step"] for d in others)
-            out += ["", md_escape(
-                f"GPU {slow['device']} is the rank the others wait for: they spend {caused:.3f} ms/step in all "
-                f"waiting at collectives it reached last"
-                + (f" ({100 * caused / total:.0f}% of their collective time)" if total else "")
-                + f"; it was the slowest rank in {100 * slow['comm']['slowest_rank_share']:.0f}% of "
-                f"{cap.budget['comm'].get('steps_compared', '?')} steps. Speed up that rank's work before the "
-                "collectives (or its launches), not the all-reduce.")]
-        out.append("")
-    return out
-
-
-# --- diffs ------------------------------------------------------------------------------------------------------------
-
-def diff_section(data) -> list:
-    if not data.diffs:
-        return []
-    bases = list(dict.fromkeys(e["a"] for e in data.diffs))
-    title = f"## Differences against {md_escape(bases[0])}" if len(bases) == 1 else "## Differences"
-    out = [title, "",
-           *([f"Each capture is compared with the first capture of its batch size ({', '.join(map(md_escape, bases))})."
-              , ""] if len(bases) > 1 else []),
-           "Each component is B minus A in ms per step; the components add up to the change of the median step. "
-           "Intervals are 95% bootstrap intervals over steps; a component whose interval holds 0 is noise.", ""]
-    for entry in data.diffs:
-        a, b, diff = entry["a"], entry["b"], entry["diff"]
-        out.append(f"### {md_escape(b)} vs {md_escape(a)}")
-        out.append("")
-        out += [f"- {line}" for line in diff_explanation(diff, a, b, entry.get("a_modes"), entry.get("b_modes"))]
-        ua, ub = entry.get("a_unprofiled_ms_per_token"), entry.get("b_unprofiled_ms_per_token")
-        if ua and ub:
-            out.append(f"- Without the profiler (run.json timing), {md_escape(a)} decodes at {ua:.3f} ms/token and "
-                       f"{md_escape(b)} at {ub:.3f} ({ub - ua:+.3f} ms, {100.0 * (ub - ua) / ua:+.1f}%): the "
-                       "profiled difference above is measured under nsys, whose overhead can differ between the two.")
-        out.append("")
-        out.append(diff_view.render_markdown(diff, a_label=a, b_label=b))
-        out.append("")
-    return out
-
-
-def diff_explanation(diff: dict, a: str, b: str, a_modes: dict | None = None, b_modes: dict | None = None) -> list:
-    """Short, escaped sentences that follow the diff's numbers: size and significance of the change, kernel vs idle
-    time, the largest components, and a plain statement when the comparison's premise is wrong."""
-    A, B = md_escape(a), md_escape(b)
-    lines = []
-    for w in diff.get("warnings") or []:
-        lines.append(f"**The premise of this comparison is wrong:** {md_escape(w)}.")
-    sa, sb = (diff.get("a") or {}).get("steps") or {}, (diff.get("b") or {}).get("steps") or {}
-    if sa.get("source") and sb.get("source") and sa["source"] != sb["source"]:
-        lines.append(f"**Steps are defined differently** ({A}: {md_escape(sa['source'])}, {B}: "
-                     f"{md_escape(sb['source'])}): the step times may not be like for like.")
-    for d in diff["devices"]:
-        s = d["step_ms"]
-        gpu = f"GPU {md_escape(d['device'])}: " if len(diff["devices"]) > 1 else ""
-        ci = s.get("ci95")
-        noise = ci is not None and ci[0] <= 0.0 <= ci[1]
-        rel = f" ({100.0 * s['relative']:+.1f}%)" if s.get("relative") is not None else ""
-        direction = "slower" if s["delta"] > 0 else "faster"
-        if noise:
-            lines.append(f"{gpu}{B} differs from {A} by {s['delta']:+.3f} ms/step{rel}, within noise (95% interval "
-                         f"[{ci[0]:+.3f}, {ci[1]:+.3f}]): no real difference in step time.")
-        else:
-            sig = f", 95% interval [{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else " (no interval: budget JSON input)"
-            lines.append(f"{gpu}{B} is {direction} than {A} by {abs(s['delta']):.3f} ms/step{rel}{sig}.")
-        parts = split_delta(d)
-        wait = (f", waiting inside collectives {parts['comm_wait']:+.3f} ms"
-                if any(c["component"] == "comm_wait" for c in d["components"]) else "")
-        lines.append(f"{gpu}Kernel time (categories minus overlap) {parts['kernel']:+.3f} ms{wait}, idle "
-                     f"{parts['idle']:+.3f} ms, median-vs-mean step drift {parts['variability']:+.3f} ms.")
-        mode_a, mode_b = (a_modes or {}).get(d["device"]), (b_modes or {}).get(d["device"])
-        if mode_a and mode_b and mode_a != mode_b:
-            lines.append(f"{gpu}The launch mode differs ({A} {md_escape(mode_a)}, {B} {md_escape(mode_b)}): idle "
-                         "time changes with how the kernels are launched, not only with how many there are.")
-        ka, kb = d["kernels_per_step"]["a"], d["kernels_per_step"]["b"]
-        if abs(kb - ka) >= 0.1 * max(ka, kb, 1e-12) and abs(parts["idle"]) > abs(parts["kernel"]) \
-                and parts["idle"] * s["delta"] > 0:
-            lines.append(f"{gpu}{B} runs {kb:.0f} kernels/step against {ka:.0f}: most of the change is idle/launch "
-                         "time, not kernel time.")
-        sentence = kernel_idle_sentence(parts, s["delta"], a, b)
-        if sentence:
-            lines.append(f"{gpu}{md_escape(sentence)}.")
-        comps = [c for c in d["components"] if not c["noise"] and c["component"].startswith("category:")]
-        comps.sort(key=lambda c: -abs(c["delta_ms_per_step"]))
-        for c in comps[:3]:
-            if abs(c["delta_ms_per_step"]) < 1e-3:
-                continue
-            lines.append(f"{gpu}{md_escape(c['component'].split(':', 1)[1])} {c['delta_ms_per_step']:+.3f} ms: "
-                         + _component_detail(c, A, B))
-    return lines
-
-
-def _names(names: list) -> str:
-    if not names:
-        return "none"
-    return ", ".join(md_escape(_short(x, 50)) for x in names[:2]) + (f" (+{len(names) - 2})" if len(names) > 2 else "")
-
-
-def _component_detail(c: dict, A: str, B: str) -> str:
-    """Count vs duration part of a category change, and the kernels found on one side only (A, B: escaped)."""
-    count, dur = c.get("from_count_ms", 0.0), c.get("from_duration_ms", 0.0)
-    n = c.get("count_delta_per_step", 0.0)
-    if abs(count) >= abs(dur):
-        text = f"mostly from the kernel count ({n:+.1f} kernels/step: {count:+.3f} ms)"
-    else:
-        text = f"mostly from {'longer' if dur > 0 else 'shorter'} kernels ({dur:+.3f} ms; count {n:+.1f}/step)"
-    kernels = c.get("kernels") or {}
-    only_a = [k["name"] for k in kernels.get("only_a", [])]
-    only_b = [k["name"] for k in kernels.get("only_b", [])]
-    if only_a or only_b:
-        text += f"; kernels only in {A}: {_names(only_a)}; only in {B}: {_names(only_b)}"
-    return text + "."
 
 
 # --- lint and gap -----------------------------------------------------------------------------------------------------

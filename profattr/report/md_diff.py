@@ -1,0 +1,106 @@
+"""The report's diff section: each capture against its baseline, with sentences chosen by comparing the numbers."""
+from __future__ import annotations
+
+from profattr.report import diff_view
+from profattr.report.bottlenecks import kernel_idle_sentence, split_delta
+from profattr.report.escape import md_escape
+from profattr.report.md_table import _short
+
+
+def diff_section(data) -> list:
+    if not data.diffs:
+        return []
+    bases = list(dict.fromkeys(e["a"] for e in data.diffs))
+    title = f"## Differences against {md_escape(bases[0])}" if len(bases) == 1 else "## Differences"
+    out = [title, "",
+           *([f"Each capture is compared with the first capture of its batch size ({', '.join(map(md_escape, bases))})."
+              , ""] if len(bases) > 1 else []),
+           "Each component is B minus A in ms per step; the components add up to the change of the median step. "
+           "Intervals are 95% bootstrap intervals over steps; a component whose interval holds 0 is noise.", ""]
+    for entry in data.diffs:
+        a, b, diff = entry["a"], entry["b"], entry["diff"]
+        out.append(f"### {md_escape(b)} vs {md_escape(a)}")
+        out.append("")
+        out += [f"- {line}" for line in diff_explanation(diff, a, b, entry.get("a_modes"), entry.get("b_modes"))]
+        ua, ub = entry.get("a_unprofiled_ms_per_token"), entry.get("b_unprofiled_ms_per_token")
+        if ua and ub:
+            out.append(f"- Without the profiler (run.json timing), {md_escape(a)} decodes at {ua:.3f} ms/token and "
+                       f"{md_escape(b)} at {ub:.3f} ({ub - ua:+.3f} ms, {100.0 * (ub - ua) / ua:+.1f}%): the "
+                       "profiled difference above is measured under nsys, whose overhead can differ between the two.")
+        out.append("")
+        out.append(diff_view.render_markdown(diff, a_label=a, b_label=b))
+        out.append("")
+    return out
+
+
+def diff_explanation(diff: dict, a: str, b: str, a_modes: dict | None = None, b_modes: dict | None = None) -> list:
+    """Short, escaped sentences that follow the diff's numbers: size and significance of the change, kernel vs idle
+    time, the largest components, and a plain statement when the comparison's premise is wrong."""
+    A, B = md_escape(a), md_escape(b)
+    lines = []
+    for w in diff.get("warnings") or []:
+        lines.append(f"**The premise of this comparison is wrong:** {md_escape(w)}.")
+    sa, sb = (diff.get("a") or {}).get("steps") or {}, (diff.get("b") or {}).get("steps") or {}
+    if sa.get("source") and sb.get("source") and sa["source"] != sb["source"]:
+        lines.append(f"**Steps are defined differently** ({A}: {md_escape(sa['source'])}, {B}: "
+                     f"{md_escape(sb['source'])}): the step times may not be like for like.")
+    for d in diff["devices"]:
+        s = d["step_ms"]
+        gpu = f"GPU {md_escape(d['device'])}: " if len(diff["devices"]) > 1 else ""
+        ci = s.get("ci95")
+        noise = ci is not None and ci[0] <= 0.0 <= ci[1]
+        rel = f" ({100.0 * s['relative']:+.1f}%)" if s.get("relative") is not None else ""
+        direction = "slower" if s["delta"] > 0 else "faster"
+        if noise:
+            lines.append(f"{gpu}{B} differs from {A} by {s['delta']:+.3f} ms/step{rel}, within noise (95% interval "
+                         f"[{ci[0]:+.3f}, {ci[1]:+.3f}]): no real difference in step time.")
+        else:
+            sig = f", 95% interval [{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else " (no interval: budget JSON input)"
+            lines.append(f"{gpu}{B} is {direction} than {A} by {abs(s['delta']):.3f} ms/step{rel}{sig}.")
+        parts = split_delta(d)
+        wait = (f", waiting inside collectives {parts['comm_wait']:+.3f} ms"
+                if any(c["component"] == "comm_wait" for c in d["components"]) else "")
+        lines.append(f"{gpu}Kernel time (categories minus overlap) {parts['kernel']:+.3f} ms{wait}, idle "
+                     f"{parts['idle']:+.3f} ms, median-vs-mean step drift {parts['variability']:+.3f} ms.")
+        mode_a, mode_b = (a_modes or {}).get(d["device"]), (b_modes or {}).get(d["device"])
+        if mode_a and mode_b and mode_a != mode_b:
+            lines.append(f"{gpu}The launch mode differs ({A} {md_escape(mode_a)}, {B} {md_escape(mode_b)}): idle "
+                         "time changes with how the kernels are launched, not only with how many there are.")
+        ka, kb = d["kernels_per_step"]["a"], d["kernels_per_step"]["b"]
+        if abs(kb - ka) >= 0.1 * max(ka, kb, 1e-12) and abs(parts["idle"]) > abs(parts["kernel"]) \
+                and parts["idle"] * s["delta"] > 0:
+            lines.append(f"{gpu}{B} runs {kb:.0f} kernels/step against {ka:.0f}: most of the change is idle/launch "
+                         "time, not kernel time.")
+        sentence = kernel_idle_sentence(parts, s["delta"], a, b)
+        if sentence:
+            lines.append(f"{gpu}{md_escape(sentence)}.")
+        comps = [c for c in d["components"] if not c["noise"] and c["component"].startswith("category:")]
+        comps.sort(key=lambda c: -abs(c["delta_ms_per_step"]))
+        for c in comps[:3]:
+            if abs(c["delta_ms_per_step"]) < 1e-3:
+                continue
+            lines.append(f"{gpu}{md_escape(c['component'].split(':', 1)[1])} {c['delta_ms_per_step']:+.3f} ms: "
+                         + _component_detail(c, A, B))
+    return lines
+
+
+def _names(names: list) -> str:
+    if not names:
+        return "none"
+    return ", ".join(md_escape(_short(x, 50)) for x in names[:2]) + (f" (+{len(names) - 2})" if len(names) > 2 else "")
+
+
+def _component_detail(c: dict, A: str, B: str) -> str:
+    """Count vs duration part of a category change, and the kernels found on one side only (A, B: escaped)."""
+    count, dur = c.get("from_count_ms", 0.0), c.get("from_duration_ms", 0.0)
+    n = c.get("count_delta_per_step", 0.0)
+    if abs(count) >= abs(dur):
+        text = f"mostly from the kernel count ({n:+.1f} kernels/step: {count:+.3f} ms)"
+    else:
+        text = f"mostly from {'longer' if dur > 0 else 'shorter'} kernels ({dur:+.3f} ms; count {n:+.1f}/step)"
+    kernels = c.get("kernels") or {}
+    only_a = [k["name"] for k in kernels.get("only_a", [])]
+    only_b = [k["name"] for k in kernels.get("only_b", [])]
+    if only_a or only_b:
+        text += f"; kernels only in {A}: {_names(only_a)}; only in {B}: {_names(only_b)}"
+    return text + "."
