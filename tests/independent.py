@@ -128,3 +128,12 @@ def expected_graph(path) -> dict:
     conn.close()
     gaps = [b[1] - a[1] for a, b in zip(rows, rows[1:]) if a[0] == b[0]]
     return expected_budget(path, GRAPH_STEPS_CTE, {"last_len": int(statistics.median(gaps))})
+
+
+def sql(path, query: str, params=()) -> list:
+    """Rows of `query` on the export at `path`, opened read-only."""
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        return conn.execute(query, params).fetchall()
+    finally:
+        conn.close()

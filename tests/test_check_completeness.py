@@ -7,24 +7,15 @@ import gzip
 import json
 import re
 import shutil
-import sqlite3
 import statistics
 from pathlib import Path
 
 import pytest
 
 from conftest import EXAMPLES, GLM_CAPTURES, GLM_LOSSY_CAPTURE
-from independent import expected_nvtx
+from independent import expected_nvtx, sql
 from profattr.attribute.diff import compute_diff, load_side
 from profattr.check.run import check_capture
-
-
-def sql(path, query: str, params=()) -> list:
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    try:
-        return conn.execute(query, params).fetchall()
-    finally:
-        conn.close()
 
 
 def findings(path) -> dict:

@@ -5,25 +5,16 @@ Expected numbers come from SQL written here or in tests/independent.py, never fr
 """
 from __future__ import annotations
 
-import sqlite3
 
 import pytest
 
 from conftest import GLM_CAPTURES, GLM_GRAPH_CAPTURES
-from independent import expected_nvtx_like
+from independent import expected_nvtx_like, sql
 from profattr.attribute.budget import compute_budget
 from profattr.attribute.diff import compute_diff, group, load_side
 
 DECODE = "step[DECODE bs=%]"
 PREFILL = "step[EXTEND %]"
-
-
-def sql(path, query: str, params=()) -> list:
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    try:
-        return conn.execute(query, params).fetchall()
-    finally:
-        conn.close()
 
 
 def ranges_like(path, pattern: str) -> int:
