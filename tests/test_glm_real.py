@@ -12,6 +12,7 @@ from conftest import GLM_CAPTURES, GLM_GRAPH_CAPTURES
 from independent import expected_nvtx_like, sql
 from profattr.attribute.budget import compute_budget
 from profattr.attribute.diff import compute_diff, group, load_side
+from profattr.errors import ProfattrError
 
 DECODE = "step[DECODE bs=%]"
 PREFILL = "step[EXTEND %]"
@@ -106,3 +107,15 @@ def test_replicated_backend_swap_keeps_its_verdict_and_replicates_widen_the_inte
     assert comps["category:moe.gemm"]["change"] and comps["category:moe.permute"]["change"]
     width = lambda ci: ci[1] - ci[0]  # noqa: E731
     assert width(grouped["step_ms"]["ci95"]) > width(single["step_ms"]["ci95"])
+
+
+def test_skip_steps_leaves_out_the_first_steps(export_example):
+    path = export_example("glm5/glm-triton-bs1-r1")
+    spans = sql(path, """SELECT n.start, n."end" FROM NVTX_EVENTS n LEFT JOIN StringIds s ON s.id = n.textId
+                         WHERE n.eventType IN (59, 60) AND COALESCE(s.value, n.text) LIKE 'step[DECODE bs=%]'
+                         ORDER BY n.start""")
+    budget = compute_budget(path, skip_steps=2)
+    assert budget.steps_count == len(spans) - 2
+    assert "first 2 step(s) of each thread" in " ".join(budget.steps_excluded)
+    with pytest.raises(ProfattrError, match="leaves no step"):
+        compute_budget(path, skip_steps=len(spans))

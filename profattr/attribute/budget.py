@@ -175,7 +175,7 @@ def _leading_to_skip(budget: Budget, skip_steps) -> int:
         raise ProfattrError(f"--skip-steps {skip_steps!r}: expected a number of steps or auto") from None
     if n < 0:
         raise ProfattrError(f"--skip-steps must be 0 or more (got {n})")
-    if n >= len(budget.attribution.steps if budget.attribution else []) and n:
+    if n and n >= budget.steps_count:
         raise ProfattrError(f"--skip-steps {n} leaves no step: the capture has "
                             f"{budget.steps_count} steps")
     return n
