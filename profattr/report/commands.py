@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from profattr.attribute.commands import rules_option, steps_option
+from profattr.attribute.commands import cache_option, rules_option, steps_option
 from profattr.errors import ProfattrError
 from profattr.report.campaign import CAMPAIGN_CHART
 
@@ -142,6 +142,7 @@ def _drill_items(drills, captures) -> list:
               help="An ncu drill (NAME.ncu.csv from `profattr drill`) for the section \"Why the top kernels are "
                    "slow\", beyond the NAME-drill*.ncu.csv found beside each capture. Repeatable.")
 @click.option("--force", is_flag=True, help="Overwrite an existing report (report.md and charts) in the folder.")
+@cache_option
 def report(captures, output, steps, skip_steps, rules, hardware, labels, changed, samples, mappings, force,
            ledger_path, drills):
     """Write the bottleneck report of CAPTURES to OUTPUT/report.md, with PNG charts.
