@@ -1,29 +1,40 @@
-"""Speed and memory of `profattr budget` (and `diff`) on a large capture, as ratios to a plain SQL scan.
+"""Speed and memory of profattr (budget cold and warm, diff) and of nsys's own reports on large captures, as ratios to
+a plain SQL scan measured in the same run, at several sizes, with the growth exponents. One script, one run.
 
-    python benchmarks/budget_scale.py CAPTURE.sqlite [--kernels 3000000] [--workdir DIR] [--nsys PATH]
+    python benchmarks/budget_scale.py CAPTURE.sqlite [--sizes 0.3e6,3e6,30e6] [--workdir DIR] [--nsys PATH]
+                                      [--markdown benchmarks/RESULTS.md] [--timeout 600]
 
 1. Scale a real capture: repeat its GPU activity, launch calls and NVTX ranges shifted in time (and in
    correlationId, keeping every kernel linked to its launch and NVTX nesting valid) until it holds about
-   `--kernels` kernel rows. Done in SQL (INSERT ... SELECT), so scaling itself is fast.
+   the requested number of kernel rows. Done in SQL (INSERT ... SELECT), so scaling itself is fast.
 2. In separate processes (clean peak-memory readings), time:
-   - baseline: a plain SQL scan fetching the columns the budget needs (kernels + runtime calls) into Python;
-   - the same scan aggregated inside SQLite (no rows cross into Python), the floor of any SQLite reader;
-   - `profattr budget --format json`;
-   - `profattr diff` of the file against itself;
-   - optionally nsys's own `cuda_gpu_kern_sum` and `nvtx_gpu_proj_sum` reports (with --nsys).
-3. Print wall time and peak RSS, each as a ratio to the baseline measured in the same run (machines are noisy;
-   absolute seconds mean little).
+   - T, the baseline: a plain SQL scan fetching the columns the budget needs (kernels + runtime calls) into Python;
+   - the bulk fetch of the reader's own two big queries (GPU ops packed into six integers, launch calls) into int64
+     numpy arrays, side by side: sqlite3 (fetchmany + numpy.fromiter), Arrow through ADBC's SQLite driver, DuckDB's
+     sqlite scanner (when its extension loads without a network: duckdb==1.4.4 + duckdb-ext-sqlite from PyPI);
+   - `profattr budget` cold (empty budget cache: reads SQLite, fills the cache), warm (from the cache), and with
+     --no-cache; `profattr diff` of the file against itself, cold and warm;
+   - nsys's `cuda_gpu_kern_sum` and `nvtx_gpu_proj_sum` (`nsys stats`, with --nsys), and `nsys-ai summary` when
+     installed (on a hard link in its own folder: it writes its cache beside the file it reads).
+3. Print, per size: wall time and peak memory of each tool as ratios to T. Peak memory is the largest RSS of any
+   one process (getrusage of the children) and, sampled every 20 ms, the summed RSS of the whole process tree
+   (diff runs two processes at once). Then the growth exponent of each tool: the log-log slope of time and memory
+   against the number of kernels.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
+import platform
 import shutil
 import sqlite3
 import subprocess
 import sys
 import tempfile
 import time
+from datetime import date
 from pathlib import Path
 
 SCAN = r"""
@@ -38,15 +49,60 @@ for row in conn.execute('SELECT correlationId, globalTid, start, "end", nameId F
 print(n)
 """
 
-# the same columns scanned inside SQLite only (no rows cross into Python): the floor of any SQLite-based reader
-SCAN_IN_SQLITE = r"""
-import sqlite3, sys
-conn = sqlite3.connect(f"file:{sys.argv[1]}?mode=ro", uri=True)
-print(conn.execute('SELECT count(*), total(start), total("end"), total(deviceId), total(correlationId), '
-                   'total(globalPid), total(shortName), total(demangledName) FROM CUPTI_ACTIVITY_KIND_KERNEL').fetchone())
-print(conn.execute('SELECT count(*), total(correlationId), total(globalTid), total(start), total("end"), '
-                   'total(nameId) FROM CUPTI_ACTIVITY_KIND_RUNTIME').fetchone())
+# the reader's two big queries (queries/gpu_kernels.sql with its optional columns filled, launch_calls_by_name.sql),
+# fetched into int64 arrays by one method (argv[2])
+FETCH = r"""
+import sys, numpy as np
+path, method = sys.argv[1], sys.argv[2]
+KERNELS = ('SELECT k.start, k."end", k.deviceId, ((COALESCE(k.streamId, 0) & 2147483647) << 32) | '
+           '(COALESCE(k.demangledName, k.shortName) & 4294967295), (((k.globalPid >> 24) & 4294967295) << 32) | '
+           '(k.correlationId & 4294967295), COALESCE(k.graphNodeId, -1) FROM CUPTI_ACTIVITY_KIND_KERNEL AS k')
+NAMES = ("SELECT id FROM StringIds WHERE value LIKE '%Launch%' OR value LIKE '%emcpy%' OR value LIKE '%emset%'")
+LAUNCHES = ('SELECT (((r.globalTid >> 24) & 4294967295) << 32) | (r.correlationId & 4294967295), r.globalTid, '
+            'r.start FROM CUPTI_ACTIVITY_KIND_RUNTIME AS r WHERE r.nameId IN ({})')
+import sqlite3
+ids = ",".join(str(r[0]) for r in sqlite3.connect(f"file:{path}?mode=ro", uri=True).execute(NAMES))
+queries = [(KERNELS, 6), (LAUNCHES.format(ids), 3)]
+total = 0
+if method == "sqlite3":
+    import itertools
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    for sql, n in queries:
+        cur = conn.execute(sql); parts = []
+        while True:
+            rows = cur.fetchmany(65536)
+            if not rows:
+                break
+            parts.append(np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int64, count=len(rows) * n))
+        total += sum(len(p) for p in parts) // n
+elif method == "adbc":
+    import adbc_driver_sqlite.dbapi as dbapi
+    conn = dbapi.connect(f"file:{path}?mode=ro")
+    for sql, n in queries:
+        cur = conn.cursor()
+        cur.adbc_statement.set_options(**{"adbc.sqlite.query.batch_rows": "65536"})
+        cur.execute(sql)
+        cols = [[] for _ in range(n)]
+        for batch in cur.fetch_record_batch():
+            for i in range(n):
+                cols[i].append(batch.column(i).to_numpy())
+        total += sum(len(c) for c in cols[0])
+elif method == "duckdb":
+    import duckdb, duckdb_ext
+    ext = [p + "/extensions" for p in duckdb_ext.__path__][0]
+    conn = duckdb.connect(config={"extension_directory": ext, "autoinstall_known_extensions": False})
+    conn.execute("LOAD sqlite")
+    conn.execute(f"ATTACH '{path}' AS s (TYPE sqlite, READ_ONLY)")
+    for sql, n in queries:
+        res = conn.execute(sql.replace("FROM CUPTI", "FROM s.CUPTI").replace("FROM StringIds", "FROM s.StringIds")
+                           ).fetchnumpy()
+        total += len(next(iter(res.values())))
+print(total)
 """
+
+DUCKDB_PROBE = ("import duckdb, duckdb_ext; c = duckdb.connect(config={'extension_directory': "
+                "[p + '/extensions' for p in duckdb_ext.__path__][0], 'autoinstall_known_extensions': False}); "
+                "c.execute('LOAD sqlite')")
 
 REPEATED = {  # table -> columns shifted in time / in correlationId
     "CUPTI_ACTIVITY_KIND_KERNEL": ("start", "end", "correlationId"),
@@ -94,59 +150,191 @@ def scale(src: Path, dst: Path, target_kernels: int) -> dict:
     return {"copies": copies, "rows": counts}
 
 
-def peak_of(cmd: list) -> tuple:
-    """Wall seconds and peak RSS (MB) of cmd, measured by a fresh Python parent so that peaks never mix."""
-    wrapper = [sys.executable, "-c",
-               "import resource,subprocess,sys,time;t=time.perf_counter();"
-               "r=subprocess.run(sys.argv[1:],stdout=subprocess.DEVNULL,stderr=subprocess.PIPE,text=True);"
-               "w=time.perf_counter()-t;"
-               "print(r.returncode, w, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss);"
-               "sys.stderr.write(r.stderr[-400:] if r.returncode else '')"] + cmd
-    out = subprocess.run(wrapper, capture_output=True, text=True)
-    rc, wall, kb = out.stdout.split()
-    if int(rc) != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed: {out.stderr.strip()}")
-    return float(wall), int(kb) / 1024.0
+
+# run one command; wall seconds, the largest RSS of one process and the sampled peak of the tree's summed RSS (MB)
+RUNNER = r"""
+import json, resource, subprocess, sys, time
+import psutil
+timeout, cmd = float(sys.argv[1]), sys.argv[2:]
+t = time.perf_counter()
+p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+proc, tree_peak = psutil.Process(p.pid), 0
+while p.poll() is None:
+    try:
+        rss = proc.memory_info().rss + sum(c.memory_info().rss for c in proc.children(recursive=True))
+        tree_peak = max(tree_peak, rss)
+    except psutil.Error:
+        pass
+    if time.perf_counter() - t > timeout:
+        for c in proc.children(recursive=True):
+            c.kill()
+        p.kill()
+        p.wait()
+        print(json.dumps({"rc": "timeout", "wall": time.perf_counter() - t}))
+        sys.exit(0)
+    time.sleep(0.02)
+err = p.stderr.read()
+print(json.dumps({"rc": p.returncode, "wall": time.perf_counter() - t, "err": err[-400:] if p.returncode else "",
+                  "max_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024.0,
+                  "tree_mb": tree_peak / 2 ** 20}))
+"""
+
+
+def measure(cmd: list, env: dict, timeout: float) -> dict:
+    """One run of cmd in a fresh Python parent (so that peaks never mix)."""
+    out = subprocess.run([sys.executable, "-c", RUNNER, str(timeout)] + cmd, capture_output=True, text=True,
+                         env=env)
+    try:
+        r = json.loads(out.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return {"rc": "error", "err": out.stderr[-400:]}
+    return r
+
+
+def slope(xs, ys):
+    """Least-squares slope of log(y) against log(x)."""
+    pts = [(math.log(x), math.log(y)) for x, y in zip(xs, ys) if x > 0 and y and y > 0]
+    if len(pts) < 2:
+        return None
+    mx = sum(p[0] for p in pts) / len(pts)
+    my = sum(p[1] for p in pts) / len(pts)
+    den = sum((p[0] - mx) ** 2 for p in pts)
+    return sum((p[0] - mx) * (p[1] - my) for p in pts) / den if den else None
+
+
+def machine() -> str:
+    try:
+        mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2 ** 30
+    except (ValueError, OSError):
+        mem = float("nan")
+    return f"{os.cpu_count()} CPU cores, {mem:.0f} GiB RAM, {platform.system()} {platform.machine()}, Python {platform.python_version()}"
+
+
+def tools_for(big: Path, work: Path, args, cache: Path) -> list:
+    """(name, command, environment changes, prepare) per tool, in run order."""
+    py = sys.executable
+    repo = str(Path(__file__).resolve().parent.parent)
+    budget = [py, "-m", "profattr", "budget", str(big), "--format", "json"]
+    diff = [py, "-m", "profattr", "diff", str(big), str(big), "--format", "json"]
+    clear = lambda: shutil.rmtree(cache, ignore_errors=True)  # noqa: E731
+    env = {"PROFATTR_CACHE": str(cache), "PYTHONPATH": repo}
+    tools = [("sql scan (T)", [py, "-c", SCAN, str(big)], {}, None),
+             ("fetch: sqlite3", [py, "-c", FETCH, str(big), "sqlite3"], {}, None),
+             ("fetch: adbc (Arrow)", [py, "-c", FETCH, str(big), "adbc"], {}, None)]
+    if subprocess.run([py, "-c", DUCKDB_PROBE], capture_output=True).returncode == 0:
+        tools.append(("fetch: duckdb sqlite_scan", [py, "-c", FETCH, str(big), "duckdb"], {}, None))
+    tools += [("profattr budget cold", budget, env, clear),
+              ("profattr budget warm", budget, env, None),
+              ("profattr budget --no-cache", budget + ["--no-cache"], env, None),
+              ("profattr diff self cold", diff, env, clear),
+              ("profattr diff self warm", diff, env, None)]
+    if args.nsys:
+        for report in ("cuda_gpu_kern_sum", "nvtx_gpu_proj_sum"):
+            tools.append((f"nsys {report}", [args.nsys, "stats", "-q", "--report", report, "--format", "csv",
+                                             "--output", "-", str(big)], {}, None))
+    nsys_ai = shutil.which("nsys-ai")
+    if nsys_ai:
+        folder = work / "nsys-ai"
+
+        def link():
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            os.link(big, folder / big.name)
+        tools.append(("nsys-ai summary", [nsys_ai, "summary", str(folder / big.name)], {}, link))
+    return tools
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("capture")
-    ap.add_argument("--kernels", type=int, default=3_000_000)
+    ap.add_argument("--sizes", default="0.3e6,3e6,30e6", help="kernel counts to scale the capture to")
     ap.add_argument("--workdir")
     ap.add_argument("--nsys", help="also time nsys's own stats reports (path to nsys)")
-    ap.add_argument("--repeat", type=int, default=2, help="runs per tool; the fastest is kept")
+    ap.add_argument("--repeat", type=int, default=2, help="runs per tool at sizes under 10M kernels; the fastest "
+                                                          "is kept (one run above)")
+    ap.add_argument("--timeout", type=float, default=600.0, help="seconds per run before a tool counts as timed out")
+    ap.add_argument("--markdown", help="also write the table into this file")
+    ap.add_argument("--keep", action="store_true", help="keep the scaled captures")
     args = ap.parse_args()
     work = Path(args.workdir or tempfile.mkdtemp(prefix="profattr-bench-"))
     work.mkdir(parents=True, exist_ok=True)
-    big = work / "scaled.sqlite"
-    t = time.perf_counter()
-    info = scale(Path(args.capture), big, args.kernels)
-    print(f"scaled {args.capture} x{info['copies']} in {time.perf_counter() - t:.1f} s: "
-          + ", ".join(f"{k.replace('CUPTI_ACTIVITY_KIND_', '')}={v:,}" for k, v in info["rows"].items()))
-    py = sys.executable
-    tools = {
-        "sql scan (baseline)": [py, "-c", SCAN, str(big)],
-        "sql scan inside SQLite": [py, "-c", SCAN_IN_SQLITE, str(big)],
-        "profattr budget": [py, "-m", "profattr", "budget", str(big), "--format", "json"],
-        "profattr diff (self)": [py, "-m", "profattr", "diff", str(big), str(big), "--format", "json"],
-    }
-    if args.nsys:
-        tools["nsys stats cuda_gpu_kern_sum"] = [args.nsys, "stats", "-q", "--report", "cuda_gpu_kern_sum",
-                                                 "--format", "csv", "--output", "-", str(big)]
-        tools["nsys stats nvtx_gpu_proj_sum"] = [args.nsys, "stats", "-q", "--report", "nvtx_gpu_proj_sum",
-                                                 "--format", "csv", "--output", "-", str(big)]
-    results = {}
-    for name, cmd in tools.items():
-        runs = [peak_of(cmd) for _ in range(args.repeat)]
-        results[name] = (min(r[0] for r in runs), max(r[1] for r in runs))
-    base_wall, base_mb = results["sql scan (baseline)"]
-    print(f"{'tool':<32}{'wall s':>9}{'x scan':>9}{'peak MB':>10}{'x scan':>9}")
-    for name, (wall, mb) in results.items():
-        print(f"{name:<32}{wall:>9.2f}{wall / base_wall:>9.2f}{mb:>10.0f}{mb / base_mb:>9.2f}")
-    print(json.dumps({"rows": info["rows"], "results": {k: {"wall_s": w, "peak_mb": m, "wall_ratio": w / base_wall,
-                                                             "peak_ratio": m / base_mb}
-                                                         for k, (w, m) in results.items()}}))
+    sizes = [int(float(x)) for x in args.sizes.split(",")]
+    all_results, rows_of = {}, {}
+    for size in sizes:
+        big = work / f"scaled-{size}.sqlite"
+        t = time.perf_counter()
+        try:
+            info = scale(Path(args.capture), big, size)
+        except (sqlite3.Error, OSError) as exc:
+            print(f"{size:,} kernels: could not scale ({exc}); stopping at the sizes measured")
+            big.unlink(missing_ok=True)
+            break
+        rows_of[size] = info["rows"]
+        print(f"scaled x{info['copies']} in {time.perf_counter() - t:.1f} s: "
+              + ", ".join(f"{k.replace('CUPTI_ACTIVITY_KIND_', '')}={v:,}" for k, v in info["rows"].items()),
+              flush=True)
+        cache = work / "cache"
+        results = {}
+        repeat = args.repeat if size < 10_000_000 else 1
+        for name, cmd, env_add, prepare in tools_for(big, work, args, cache):
+            runs = []
+            for _ in range(repeat):
+                if prepare:
+                    prepare()
+                runs.append(measure(cmd, dict(os.environ, **env_add), args.timeout))
+                if runs[-1].get("rc") != 0:
+                    break
+            ok = [r for r in runs if r.get("rc") == 0]
+            results[name] = ({"wall_s": min(r["wall"] for r in ok), "max_mb": max(r["max_mb"] for r in ok),
+                              "tree_mb": max(r["tree_mb"] for r in ok)} if ok else
+                             {"failed": str(runs[-1].get("rc")), "err": runs[-1].get("err", "")})
+            print(f"  {size:>11,} {name:<30} {json.dumps(results[name])}", flush=True)
+        all_results[size] = results
+        shutil.rmtree(work / "cache", ignore_errors=True)
+        shutil.rmtree(work / "nsys-ai", ignore_errors=True)
+        if not args.keep:
+            big.unlink(missing_ok=True)
+    text = render(all_results, rows_of, Path(args.capture).name, sizes)
+    print(text)
+    print(json.dumps({"rows": {str(k): v for k, v in rows_of.items()},
+                      "results": {str(k): v for k, v in all_results.items()}}))
+    if args.markdown:
+        Path(args.markdown).write_text(text + "\n")
+
+
+def render(all_results: dict, rows_of: dict, source: str, requested: list) -> str:
+    lines = [f"# profattr at scale: {date.today().isoformat()}", "",
+             f"Machine: {machine()}. Source capture: `{source}` (SGLang decode on an H200, CUDA graphs), scaled in "
+             "SQL to each size. Every number is a ratio to T, the plain SQL scan of the same file in the same run "
+             "(`x T`); `max MB` is the largest RSS of one process, `tree MB` the sampled peak of the summed RSS of "
+             "all its processes.", ""]
+    measured = list(all_results)
+    missing = [s for s in requested if s not in all_results]
+    for size, results in all_results.items():
+        base = results.get("sql scan (T)", {})
+        lines += [f"## {size:,} kernels requested: " + ", ".join(f"{k.replace('CUPTI_ACTIVITY_KIND_', '')} "
+                                                              f"{v:,}" for k, v in rows_of[size].items()), "",
+                  "| tool | wall s | x T | max MB | x T | tree MB |", "|---|---:|---:|---:|---:|---:|"]
+        for name, r in results.items():
+            if "failed" in r:
+                lines.append(f"| {name} | {r['failed']} | | | | |")
+                continue
+            lines.append(f"| {name} | {r['wall_s']:.2f} | {r['wall_s'] / base['wall_s']:.2f} | {r['max_mb']:.0f} | "
+                         f"{r['max_mb'] / base['max_mb']:.2f} | {r['tree_mb']:.0f} |")
+        lines.append("")
+    if len(measured) >= 2:
+        lines += [f"## Growth exponents (log-log slope over {', '.join(f'{s:,}' for s in measured)} kernels)", "",
+                  "| tool | time | max memory |", "|---|---:|---:|"]
+        names = list(all_results[measured[-1]])
+        for name in names:
+            ok = [s for s in measured if "wall_s" in all_results[s].get(name, {})]
+            ts = slope(ok, [all_results[s][name]["wall_s"] for s in ok])
+            ms = slope(ok, [all_results[s][name]["max_mb"] for s in ok])
+            lines.append(f"| {name} | {'' if ts is None else f'{ts:.2f}'} | {'' if ms is None else f'{ms:.2f}'} |")
+        lines.append("")
+    if missing:
+        lines.append("Not measured here: " + ", ".join(f"{s:,}" for s in missing) + " kernels (see above).")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -1,52 +1,59 @@
 """nsys recipe: profattr's per-step budget over one or many reports (the mapper runs once per report).
 
     NSYS_RECIPE_PATH=<checkout>/nsys_recipes nsys recipe profattr_budget --input run1.nsys-rep run2.nsys-rep
+    ... --mode dask-futures             reports in parallel on Dask workers (NSYS_DASK_N_WORKERS=4 etc. become
+                                        distributed.Client arguments; default: a local cluster)
+    ... --merge-ranks                   the reports are the ranks of one tensor-parallel run: also one budget over
+                                        all of them, with the collectives' transfer/wait split between ranks
 
 Outputs (in the recipe's output folder): `categories.parquet` / `.csv` (file, device, category, ms_per_step,
 count_per_step), `devices.csv` (file, device, step_ms, busy, idle, kernels_per_step, unclassified_share) and one
-`<report>.budget.json` per report (the `profattr.budget/1` contract). Needs profattr importable by the Python
-that nsys runs the recipe with.
+`<report>.budget.json` per report (the `profattr.budget/1` contract); with --merge-ranks the merged budget is the
+file `merged` in both tables and `merged.budget.json`. Needs profattr importable by the Python that nsys runs the
+recipe with (and by the Dask workers); each report's op arrays land in profattr's budget cache, so the merge reads
+no SQLite again.
 """
 from datetime import datetime
 from pathlib import Path
 
 import pandas as pd
 from nsys_recipe import log
-from nsys_recipe.data_service import DataService
 from nsys_recipe.lib import helpers, recipe
 from nsys_recipe.lib.args import Option
 
 
 class ProfattrBudget(recipe.Recipe):
-    @staticmethod
-    def _mapper_func(report_path, parsed_args):
-        from profattr.attribute.budget import compute_budget
-
-        report = Path(report_path)
-        sqlite = report.with_suffix(".sqlite")
-        if not sqlite.exists() or sqlite.stat().st_mtime < report.stat().st_mtime:
-            if not DataService(report).export(None, {"format": "sqlite", "path": str(sqlite)}):
-                return None
-        budget = compute_budget(sqlite, steps=parsed_args.steps).to_dict()
-        return report.stem, budget
-
     @log.time("Mapper")
     def mapper_func(self, context):
-        return context.wait(context.map(self._mapper_func, self._parsed_args.input, parsed_args=self._parsed_args))
+        # a profattr function (importable on every worker), not a method of this class: Dask sends it by name
+        from profattr.attribute.many import report_budget
+
+        return context.wait(context.map(report_budget, self._parsed_args.input, steps=self._parsed_args.steps,
+                                        export_with_recipe=True))
 
     @log.time("Reducer")
     def reducer_func(self, results):
         import json
 
-        results = helpers.filter_none(results)
+        results = list(helpers.filter_none(results))
+        if self._parsed_args.merge_ranks:
+            from profattr.attribute.many import merged_budget
+
+            merged = merged_budget(self._parsed_args.input, steps=self._parsed_args.steps,
+                                   export_with_recipe=True).to_dict()
+            results.append(("merged", merged))
         cats, devs = [], []
         for name, budget in results:
             Path(self.add_output_file(f"{name}.budget.json")).write_text(json.dumps(budget, indent=2))
             for d in budget["devices"]:
-                devs.append({"file": name, "device": d["device"], "step_ms": d["step_ms"],
-                             "busy_ms_per_step": d["busy_ms_per_step"], "idle_ms_per_step": d["idle_ms_per_step"],
-                             "kernels_per_step": d["kernels_per_step"],
-                             "unclassified_share": d["unclassified_share"]})
+                row = {"file": name, "device": d["device"], "step_ms": d["step_ms"],
+                       "busy_ms_per_step": d["busy_ms_per_step"], "idle_ms_per_step": d["idle_ms_per_step"],
+                       "kernels_per_step": d["kernels_per_step"],
+                       "unclassified_share": d["unclassified_share"]}
+                if d.get("comm"):
+                    row["comm_wait_ms_per_step"] = d["comm"]["wait_ms_per_step"]
+                    row["comm_transfer_ms_per_step"] = d["comm"]["transfer_ms_per_step"]
+                devs.append(row)
                 for c in d["categories"]:
                     cats.append({"file": name, "device": d["device"], **c})
         cat_df, dev_df = pd.DataFrame(cats), pd.DataFrame(devs)
@@ -69,4 +76,7 @@ class ProfattrBudget(recipe.Recipe):
         parser.add_recipe_argument(Option.FORCE_OVERWRITE)
         parser.add_argument("--steps", default="auto",
                             help="auto | whole | graph | nvtx:NAME (as `profattr budget --steps`)")
+        parser.add_argument("--merge-ranks", action="store_true",
+                            help="the reports are the ranks of one run: also one budget over all of them, with "
+                                 "the collectives' transfer/wait split")
         return parser

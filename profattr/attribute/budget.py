@@ -22,6 +22,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
+from profattr.attribute.accumulate import Combos, StepTotals, group_rows  # noqa: F401 (group_rows: used by others)
 from profattr.attribute.comm import collective_split
 from profattr.attribute.graphs import STATUS_MAPPING, STATUS_NAMES, STATUS_UNPLACED, place_contexts
 from profattr.attribute.nvtx import Ranges, enclosed, load_ranges
@@ -63,16 +64,21 @@ class Attribution:
         """How the ops inside steps got their NVTX context: op counts per method, plus mapping details."""
         inside = self.step >= 0
         status = self.status[inside] if self.status is not None else np.zeros(int(inside.sum()), dtype=np.int8)
-        out = {name: int((status == code).sum()) for code, name in STATUS_NAMES.items()}
-        out["mapping_capture"] = self.mapping_report
-        unplaced = out["unplaced"]
-        out["hint"] = None
-        if unplaced and self.mapping_report is None:
-            out["hint"] = (f"{unplaced} replayed graph ops have no NVTX context (their graph was captured outside "
-                           "the profiled window or without NVTX ranges), so their layer and NVTX-context categories "
-                           "are unknown; pass --mapping EAGER_CAPTURE (the same workload captured eagerly, with "
-                           "the same NVTX ranges)")
-        return out
+        return placement_dict(np.bincount(status.astype(np.int64), minlength=4), self.mapping_report)
+
+
+def placement_dict(status_counts: np.ndarray, mapping_report: dict | None = None) -> dict:
+    """Attribution.placement's dict from op counts per graphs.STATUS_* code (ops inside steps)."""
+    out = {name: int(status_counts[code]) for code, name in STATUS_NAMES.items()}
+    out["mapping_capture"] = mapping_report
+    unplaced = out["unplaced"]
+    out["hint"] = None
+    if unplaced and mapping_report is None:
+        out["hint"] = (f"{unplaced} replayed graph ops have no NVTX context (their graph was captured outside "
+                       "the profiled window or without NVTX ranges), so their layer and NVTX-context categories "
+                       "are unknown; pass --mapping EAGER_CAPTURE (the same workload captured eagerly, with "
+                       "the same NVTX ranges)")
+    return out
 
 
 @dataclass
@@ -137,14 +143,43 @@ def compute_budget(path, steps: str = "auto", rules: Sequence = (), force: bool 
     source = None
     if mapping is not None:
         source = _mapping_attribution(mapping, steps, ruleset, force)
+    windowed = source is None and not keep_attribution and by == "category" and layer_range is None
     with open_trace(path, force=force) as export:
-        budget = budget_of(export, steps, ruleset, mapping=source, skip_steps=skip_steps)
+        reader = store_source(export)
+        try:
+            budget = budget_windowed(reader, steps, ruleset, skip_steps) if windowed else None
+            if budget is None:  # needs every op at once (attribution, layers, mapping) or ops out of start order
+                budget = budget_of(reader, steps, ruleset, mapping=source, skip_steps=skip_steps)
+        finally:
+            if reader is not export:
+                reader.close()
     attribution = budget.attribution
     if by == "layer" or layer_range is not None:
         add_layers(budget, attribution, layer_range)
     if not keep_attribution:
         budget.attribution = None
     return budget
+
+
+def store_source(export):
+    """The reader to compute with: an nsys export's op store (cached, trace/cache.py), else the reader itself."""
+    from profattr.trace.reader import Export
+
+    if isinstance(export, Export):
+        from profattr.trace.cache import open_store
+
+        return open_store(export)
+    return export
+
+
+def budget_windowed(source, steps_spec: str, ruleset, skip_steps=None) -> "Budget | None":
+    """The budget of an op-store reader (trace/cache.py StoreSource), window by window (attribute/windows.py);
+    None when its ops are not in start order (then budget_of computes it in one window)."""
+    from profattr.attribute.windows import windowed_budget
+
+    if getattr(source, "store", None) is None:  # a torch-profiler trace: streamed into columns, no op store
+        return None
+    return windowed_budget(source, steps_spec, ruleset, skip_steps)
 
 
 def budget_of(export, steps: str = "auto", ruleset=None, mapping: "Attribution | None" = None,
@@ -183,20 +218,25 @@ def _leading_to_skip(budget: Budget, skip_steps) -> int:
 
 def skip_leading_steps(att: Attribution, n: int, what: str) -> Attribution:
     """The attribution without the first `n` steps of each thread (their ops count as outside the steps)."""
-    st = att.steps
+    steps, remap = skip_remap(att.steps, n, what)
+    return replace(att, steps=steps, step=remap[att.step])  # -1 stays -1 (the extra last slot)
+
+
+def skip_remap(st: Steps, n: int, what: str):
+    """(the steps without the first `n` of each thread, new index per old step index with -1 -> -1)."""
     keep = np.ones(len(st), dtype=bool)
     for tid in np.unique(st.tid):
         idx = np.flatnonzero(st.tid == tid)
         keep[idx[np.argsort(st.start[idx], kind="stable")][:n]] = False
     remap = np.full(len(st) + 1, -1, dtype=np.int64)
     remap[np.flatnonzero(keep)] = np.arange(int(keep.sum()))
-    step = remap[att.step]  # -1 stays -1 (the extra last slot)
-    return replace(att, steps=st.keep(keep, what), step=step)
+    return st.keep(keep, what), remap
 
 
 def _mapping_attribution(mapping, steps: str, ruleset, force: bool) -> Attribution:
     """The mapping capture's attribution (its steps: the same NVTX range when one was named, else auto)."""
-    with open_trace(mapping, force=force) as export:
+    with open_trace(mapping, force=force) as opened:
+        export = store_source(opened)
         att = attribute(export, steps if steps.startswith("nvtx") else "auto", ruleset)
         if len(att.ranges) == 0:
             raise ProfattrError(f"--mapping {mapping}: this capture has no NVTX ranges, so it cannot lend any; "
@@ -206,6 +246,8 @@ def _mapping_attribution(mapping, steps: str, ruleset, force: bool) -> Attributi
 
         att.names = op_names(export, att.ops)
         att.mapping_report = {"capture": str(mapping)}
+        if export is not opened:
+            export.close()
     return att
 
 
@@ -247,148 +289,55 @@ def attribute(export, steps_spec: str, ruleset, mapping: Attribution | None = No
                        mask=mask, mapping=mapping, mapped=mapped, mapping_report=report, names=names)
 
 
-def context_mask(ranges: Ranges, patterns: Sequence[str], ctx_tid, ctx_ns) -> np.ndarray:
-    """Per op, bit b set when an NVTX range whose text matches patterns[b] encloses its context point."""
+def context_mask(ranges: Ranges, patterns: Sequence[str], ctx_tid, ctx_ns, selected: list | None = None
+                 ) -> np.ndarray:
+    """Per op, bit b set when an NVTX range whose text matches patterns[b] encloses its context point.
+    `selected`: context_ranges(ranges, patterns), when already computed (windows)."""
     mask = np.zeros(len(ctx_ns), dtype=np.int64)
-    frame = ranges.frame
-    for bit, pattern in enumerate(patterns):
-        sel = frame[frame["text"].str.contains(pattern, regex=True)] if len(frame) else frame
-        if len(sel):
-            hit = enclosed(sel["tid"].to_numpy(), sel["start"].to_numpy(), sel["end"].to_numpy(), ctx_tid, ctx_ns)
+    for bit, (tid, start, end) in enumerate(selected if selected is not None else context_ranges(ranges, patterns)):
+        if len(start):
+            hit = enclosed(tid, start, end, ctx_tid, ctx_ns)
             mask |= hit.astype(np.int64) << bit
     return mask
 
 
+def context_ranges(ranges: Ranges, patterns: Sequence[str]) -> list:
+    """Per pattern, the (tid, start, end) arrays of the ranges whose text matches it."""
+    frame = ranges.frame
+    out = []
+    for pattern in patterns:
+        sel = frame[frame["text"].str.contains(pattern, regex=True)] if len(frame) else frame
+        out.append((sel["tid"].to_numpy(), sel["start"].to_numpy(), sel["end"].to_numpy()))
+    return out
+
+
 def classify_masks(export, ops: Ops, mask: np.ndarray, patterns: Sequence[str], ruleset):
     """(combo per op, combos frame) from each op's context bits (see context_mask)."""
-    uniq, combo = group_rows(ops.demangled_id, ops.name_id, mask)
-    strings = export.strings(np.concatenate([uniq[:, 0], uniq[:, 1]]))
-    rows = []
-    for dem_id, short_id, m in uniq:
-        if dem_id < 0:  # memory op
-            name = memop_name(int(dem_id))
-            rows.append((name, name, "memory.set" if dem_id == -100 else "memory.copy", "cuda_memory"))
-            continue
-        demangled = strings.get(int(dem_id)) or strings.get(int(short_id)) or f"<string {dem_id}>"
-        short = strings.get(int(short_id)) or demangled
-        contexts = frozenset(p for b, p in enumerate(patterns) if (int(m) >> b) & 1)
-        rule = ruleset.match(demangled, contexts)
-        if rule is None and short != demangled:
-            rule = ruleset.match(short, contexts)
-        rows.append((short, demangled, rule.category if rule else "unclassified",
-                     (rule.family or "") if rule else ""))
-    combos = pd.DataFrame(rows, columns=["name", "demangled", "category", "family"])
-    return combo, combos
-
-
-def group_rows(*cols):
-    """Distinct rows of the given integer columns (sorted, as a 2-D array) and each row's group index.
-
-    The same result as `np.unique(np.stack(cols, 1), axis=0, return_inverse=True)`, but hash-based: that sorts
-    whole rows and dominates the run time on millions of ops.
-    """
-    n = len(cols[0])
-    if n == 0:
-        return np.zeros((0, len(cols)), dtype=np.int64), np.zeros(0, dtype=np.int64)
-    key = np.zeros(n, dtype=np.int64)
-    for col in cols:
-        codes, uniques = pd.factorize(col, sort=True)
-        key = key * len(uniques) + codes  # mixed radix: sorted keys = rows in lexicographic order
-    group, keys = pd.factorize(key, sort=True)
-    first = np.empty(len(keys), dtype=np.int64)
-    first[group[::-1]] = np.arange(n - 1, -1, -1)  # first occurrence of each group
-    rows = np.stack([np.asarray(col)[first] for col in cols], axis=1)
-    return rows, group.astype(np.int64)
-
-
-def _spans_and_busy(group: np.ndarray, start: np.ndarray, end: np.ndarray, n_groups: int):
-    """Per group: first start, last end, and the length of the union of its intervals.
-
-    Vectorised: sort by (group, start), running maximum of the ends; working arrays are reused in place because
-    this runs over millions of ops.
-    """
-    if len(start) == 0:
-        z = np.zeros(n_groups, dtype=np.int64)
-        return z, z.copy(), z.copy()
-    origin = int(start.min())
-    width = int(end.max()) - origin + 1
-    order = np.lexsort((start, group))
-    g = group[order]
-    bounds = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])
-    s = start[order]
-    span_start = s[bounds]
-    e = end[order]
-    span_end = np.maximum.reduceat(e, bounds)
-    del order
-    # shift each group above the previous one so a single running maximum never mixes groups
-    offset = (g * width) - origin
-    s += offset
-    e += offset
-    del offset
-    prev = np.maximum.accumulate(e)
-    prev[1:] = prev[:-1].copy()
-    prev[0] = s[0] - 1
-    np.maximum(s, prev, out=s)
-    del prev
-    e -= s
-    np.clip(e, 0, None, out=e)
-    busy = np.bincount(g, weights=e, minlength=n_groups).round().astype(np.int64)
-    return span_start, span_end, busy
-
-
-def _sum_count(key: np.ndarray, weights: np.ndarray, size: int):
-    """Per key in range(size): summed weights (ns, int64) and counts."""
-    return (np.bincount(key, weights=weights, minlength=size).round().astype(np.int64),
-            np.bincount(key, minlength=size).astype(np.int64))
+    registry = Combos(export, patterns, ruleset)
+    reg = registry.ids(ops, mask)
+    final, combos = registry.finish()
+    return final[reg], combos
 
 
 def summarize(export, att: Attribution) -> Budget:
-    ops, step = att.ops, att.step
-    inside = step >= 0
-    # usually every op is inside a step: then work on views, not copies, of the op arrays
-    sel = slice(None) if inside.all() else inside
-    dev = ops.device[sel]
-    start, end = ops.start[sel], ops.end[sel]
-    dur = end - start
-    combo = att.combo[sel]
-    # one group per (device, step)
-    pairs, group = group_rows(dev, step[sel])
-    n_groups = len(pairs)
-    span_start, span_end, busy = _spans_and_busy(group, start, end, n_groups)
-    del start, end
-    op_ns, _ = _sum_count(group, dur, n_groups)
-    per_step = pd.DataFrame({
-        "device": pairs[:, 0] if n_groups else [], "step": pairs[:, 1] if n_groups else [],
-        "start_ns": span_start, "end_ns": span_end, "span_ns": span_end - span_start, "busy_ns": busy,
-        "op_ns": op_ns,
-        "kernels": np.bincount(group, weights=ops.kind[sel] == KIND_KERNEL, minlength=n_groups).astype(np.int64),
-    })
-    # per (device, step, category) and per (device, combo): integer keys and bincount, no frame of all ops
-    cat_codes, cat_names = pd.factorize(att.combos["category"].to_numpy())
-    n_cats = max(len(cat_names), 1)
-    ns, count = _sum_count(group * n_cats + cat_codes[combo], dur, n_groups * n_cats)
-    g_idx, c_idx = np.divmod(np.flatnonzero(count), n_cats)
-    per_step_category = pd.DataFrame({"device": pairs[g_idx, 0] if n_groups else [],
-                                      "step": pairs[g_idx, 1] if n_groups else [],
-                                      "category": np.asarray(cat_names, dtype=object)[c_idx],
-                                      "ns": ns[count > 0], "count": count[count > 0]})
-    devices_all, dev_idx = np.unique(dev, return_inverse=True)
-    n_combos = len(att.combos)
-    ns, count = _sum_count(dev_idx.reshape(-1) * n_combos + combo, dur, len(devices_all) * n_combos)
-    d_idx, k_idx = np.divmod(np.flatnonzero(count), n_combos)
-    per_combo = pd.DataFrame({"device": devices_all[d_idx], "combo": k_idx, "ns": ns[count > 0],
-                              "count": count[count > 0]})
-    del dur, combo, group
+    totals = StepTotals()
+    totals.add(att.ops, att.step, att.combo, None, None, categories=att.combos["category"].to_numpy())
+    tables = totals.finish(np.arange(len(att.combos)), att.combos)
+    budget = assemble(export, att.steps, att.context_method, att.combos, *tables,
+                      att.placement() if att.status is not None else None)
+    add_comm(budget, att)
+    return budget
 
-    # work outside every step, per device (reported so nothing silently disappears)
-    outside = pd.DataFrame({"device": ops.device[~inside], "dur": ops.duration_ns[~inside]})
-    outside = outside.groupby("device")["dur"].agg(ns="sum", count="size")
 
+def assemble(export, steps: Steps, context_method: str, combos_frame: pd.DataFrame, per_step: pd.DataFrame,
+             per_step_category: pd.DataFrame, per_combo: pd.DataFrame, outside: dict,
+             nvtx_placement: dict | None) -> Budget:
+    """The Budget from the totals (accumulate.StepTotals.finish) of its steps."""
     devices = []
     for device in sorted(set(per_step["device"].tolist())):
         d_steps = per_step[per_step["device"] == device]
         n = len(d_steps)
-        combos = per_combo[per_combo["device"] == device].merge(att.combos, left_on="combo", right_index=True)
+        combos = per_combo[per_combo["device"] == device].merge(combos_frame, left_on="combo", right_index=True)
         total_op_ns = float(combos["ns"].sum())
         kernels = (combos.groupby(["name", "demangled", "category", "family"], sort=False)[["ns", "count"]]
                    .sum().reset_index().sort_values("ns", ascending=False))
@@ -414,17 +363,15 @@ def summarize(export, att: Attribution) -> Budget:
                          "ms_per_step": r.ns / n / NS_PER_MS, "count_per_step": r.count / n}
                         for r in kernels.itertuples()],
             "unclassified_share": uncl_ns / total_op_ns if total_op_ns else 0.0,
-            "outside_steps": {"ops": int(outside["count"].get(device, 0)),
-                              "ms": float(outside["ns"].get(device, 0)) / NS_PER_MS},
+            "outside_steps": {"ops": int(outside.get(int(device), (0, 0))[1]),
+                              "ms": float(outside.get(int(device), (0, 0))[0]) / NS_PER_MS},
         })
-    budget = Budget(path=str(export.path), nsys_version=export.nsys_version,
-                    schema_version=export.schema_version, gpus=export.gpus, steps_source=att.steps.source,
-                    steps_reason=att.steps.reason, steps_count=len(att.steps), devices=devices, per_step=per_step,
-                    format=export.format, tool_version=export.tool_version, steps_excluded=dict(att.steps.excluded),
-                    per_step_category=per_step_category, context_method=att.context_method,
-                    nvtx_placement=att.placement() if att.status is not None else None)
-    add_comm(budget, att)
-    return budget
+    return Budget(path=str(export.path), nsys_version=export.nsys_version,
+                  schema_version=export.schema_version, gpus=export.gpus, steps_source=steps.source,
+                  steps_reason=steps.reason, steps_count=len(steps), devices=devices, per_step=per_step,
+                  format=export.format, tool_version=export.tool_version, steps_excluded=dict(steps.excluded),
+                  per_step_category=per_step_category, context_method=context_method,
+                  nvtx_placement=nvtx_placement)
 
 
 def _steps_per_device(budget: Budget) -> dict:

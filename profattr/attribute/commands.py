@@ -17,6 +17,21 @@ def steps_option(f):
     return click.option("--steps", default="auto", show_default=True, help=STEPS_HELP)(f)
 
 
+def _no_cache(ctx, param, value):
+    if value:  # an environment variable, so that diff's worker processes see it too
+        import os
+
+        os.environ["PROFATTR_NO_CACHE"] = "1"
+    return value
+
+
+def cache_option(f):
+    return click.option("--no-cache", "no_cache", is_flag=True, expose_value=False, callback=_no_cache,
+                        help="Read the capture from SQLite without the budget cache (also PROFATTR_NO_CACHE=1). The "
+                             "cache (PROFATTR_CACHE or XDG_CACHE_HOME/profattr) keeps each capture's op arrays, so "
+                             "repeated budgets, diffs and reports skip the SQLite read.")(f)
+
+
 def rules_option(f):
     return click.option("--rules", "rules", multiple=True, type=click.Path(dir_okay=False),
                         help="Extra taxonomy rules (TOML); they take precedence over the shipped ones.")(f)
@@ -46,6 +61,7 @@ def format_option(choices=("table", "json", "csv", "markdown")):
 @click.option("--mapping", type=click.Path(dir_okay=False), metavar="CAPTURE", help=MAPPING_HELP)
 @click.option("--force", is_flag=True, help="Re-export a .nsys-rep even when an older .sqlite exists beside it.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write to this file instead of stdout.")
+@cache_option
 def budget(capture, steps, skip_steps, rules, fmt, top, by, layer_range, mapping, force, output):
     """Per decode step and per GPU: time per kernel category and kernel, idle time, and coverage.
 
@@ -105,6 +121,7 @@ class GroupsCommand(click.Command):
               help="layer: also list the change per model layer (read from NVTX).")
 @click.option("--layer-range", "layer_range", metavar="REGEX", help=LAYER_RANGE_HELP)
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write to this file instead of stdout.")
+@cache_option
 def diff(captures, steps, skip_steps, rules, fmt, changed, samples, mapping_a, mapping_b, by, layer_range, output):
     """Attribute the step-time change from capture A to capture B: `diff A B`, or from one group of replicate
     captures to another: `diff A1 A2 -- B1 B2` (or `diff 'a-r*.sqlite' 'b-r*.sqlite'`, glob patterns quoted).

@@ -72,22 +72,41 @@ def expand(spec) -> list:
 def load_sides(a, b, steps: str = "auto", rules: Sequence = (), mapping_a=None, mapping_b=None,
                by: str = "category", layer_range: str | None = None, skip_steps=None) -> tuple:
     """Both sides of a diff (a path, a glob, or a list of replicate paths each). Captures are read in parallel
-    processes when the machine has the cores (each budget is independent)."""
+    processes when the machine has the cores (each budget is independent); a capture named twice (an A/A diff of a
+    file with itself: the noise floor) is read once."""
     group_a = [p for x in (a if isinstance(a, (list, tuple)) else [a]) for p in expand(x)]
     group_b = [p for x in (b if isinstance(b, (list, tuple)) else [b]) for p in expand(x)]
     jobs = [(p, steps, tuple(rules), mapping_a, by, layer_range, skip_steps) for p in group_a]
     jobs += [(p, steps, tuple(rules), mapping_b, by, layer_range, skip_steps) for p in group_b]
-    sides = None
-    if all(not str(j[0]).endswith(".json") for j in jobs) and (os.cpu_count() or 1) >= 2:
+    unique: list = []
+    slot = []
+    for job in jobs:
+        k = next((i for i, u in enumerate(unique) if u[1:] == job[1:] and _same_file(u[0], job[0])), None)
+        if k is None:
+            unique.append(job)
+            k = len(unique) - 1
+        slot.append(k)
+    loaded = None
+    if len(unique) > 1 and all(not str(j[0]).endswith(".json") for j in unique) and (os.cpu_count() or 1) >= 2:
         try:
-            with ProcessPoolExecutor(max_workers=min(len(jobs), os.cpu_count() or 2)) as pool:
-                futures = [pool.submit(load_side, *j) for j in jobs]
-                sides = [f.result() for f in futures]
+            with ProcessPoolExecutor(max_workers=min(len(unique), os.cpu_count() or 2)) as pool:
+                futures = [pool.submit(load_side, *j) for j in unique]
+                loaded = [f.result() for f in futures]
         except (OSError, BrokenProcessPool):
-            sides = None  # no worker processes here (sandboxes, limits): read them one after the other
-    if sides is None:
-        sides = [load_side(*j) for j in jobs]
+            loaded = None  # no worker processes here (sandboxes, limits): read them one after the other
+    if loaded is None:
+        loaded = [load_side(*j) for j in unique]
+    sides = [loaded[k] if jobs[n][0] == unique[k][0] else
+             Side(str(jobs[n][0]), loaded[k].budget, loaded[k].per_step, loaded[k].per_step_category, loaded[k].run,
+                  loaded[k].per_step_comm) for n, k in enumerate(slot)]
     return group(sides[:len(group_a)]), group(sides[len(group_a):])
+
+
+def _same_file(a, b) -> bool:
+    try:
+        return Path(a).resolve() == Path(b).resolve() or os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 def load_side(path, steps: str = "auto", rules: Sequence = (), mapping=None, by: str = "category",

@@ -72,15 +72,25 @@ def step_matrix(side, device: int, names: list) -> np.ndarray | None:
     return np.stack(cols, axis=1) / NS_PER_MS
 
 
+BOOTSTRAP_CHUNK_CELLS = 1 << 22  # resampled cells (resamples x steps) drawn and worked on at once
+
+
 def _replicate_samples(m: np.ndarray, names: list, rng, samples: int) -> np.ndarray:
-    """samples x (components, median span, mean span) of one replicate's step bootstrap."""
-    idx = rng.integers(0, len(m), size=(samples, len(m)))
+    """samples x (components, median span, mean span) of one replicate's step bootstrap. Resamples are drawn in
+    chunks of rows, which gives the very numbers one (samples x steps) draw would, so memory stays one chunk's
+    (a capture of 100k steps would otherwise need a matrix of gigabytes)."""
+    n = len(m)
+    columns = np.ascontiguousarray(m.T)  # each component contiguous: faster gathers, the same values
     out = np.empty((samples, len(names) + 2))
-    for j in range(len(names)):
-        out[:, j] = m[:, j][idx].mean(axis=1)
-    span = m[:, -1][idx]
-    out[:, -2] = np.median(span, axis=1)
-    out[:, -1] = span.mean(axis=1)
+    chunk = max(1, BOOTSTRAP_CHUNK_CELLS // max(n, 1))
+    for lo in range(0, samples, chunk):
+        hi = min(samples, lo + chunk)
+        idx = rng.integers(0, n, size=(hi - lo, n))
+        for j in range(len(names)):
+            out[lo:hi, j] = columns[j][idx].mean(axis=1)
+        span = columns[-1][idx]
+        out[lo:hi, -2] = np.median(span, axis=1)
+        out[lo:hi, -1] = span.mean(axis=1)
     return out
 
 

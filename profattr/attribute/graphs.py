@@ -78,11 +78,53 @@ class Placement:
     t_ns: np.ndarray
     status: np.ndarray  # int8, STATUS_*
     method: str  # one line for people
+    counts_of_method: "PlacementCounts | None" = None  # what `method` says, in numbers (to merge windows)
 
     def counts(self, mask=None) -> dict:
         """Ops per status name (over `mask` when given)."""
         status = self.status if mask is None else self.status[mask]
         return {name: int((status == code).sum()) for code, name in STATUS_NAMES.items()}
+
+
+@dataclass
+class PlacementCounts:
+    """The numbers behind Placement.method: replayed graph ops, those whose node creation was found, those of them
+    inside an NVTX range, and the latest creation time outside every range (None when none)."""
+
+    graph: int = 0
+    found: int = 0
+    inside: int = 0
+    outside_max_ns: int | None = None
+    creation_recorded: bool = True
+
+    def add(self, other: "PlacementCounts") -> None:
+        self.graph += other.graph
+        self.found += other.found
+        self.inside += other.inside
+        if other.outside_max_ns is not None:
+            self.outside_max_ns = (other.outside_max_ns if self.outside_max_ns is None
+                                   else max(self.outside_max_ns, other.outside_max_ns))
+        self.creation_recorded = self.creation_recorded and other.creation_recorded
+
+    def method(self, ranges: Ranges) -> str:
+        if self.graph == 0:
+            return "launch"
+        if not self.creation_recorded:
+            return (f"launch (graph node creation not recorded: {self.graph} replayed ops only "
+                    "see the ranges around cudaGraphLaunch)")
+        method = (f"graph capture ({self.found} of {self.graph} replayed ops placed at "
+                  "their node's creation)")
+        if self.found and self.inside < self.found:
+            frame = ranges.frame
+            if not len(frame):
+                why = "the capture has no NVTX ranges"
+            elif self.outside_max_ns < int(frame["start"].min()):
+                why = "the graph was captured before the profiled window"
+            else:
+                why = "no NVTX range was open there"
+            method = (f"graph capture ({self.inside} of {self.graph} replayed ops placed at their node's creation; "
+                      f"{self.found - self.inside} created outside every NVTX range: {why})")
+        return method
 
 
 def place_contexts(source, ops: Ops, ranges: Ranges) -> Placement:
@@ -92,11 +134,13 @@ def place_contexts(source, ops: Ops, ranges: Ranges) -> Placement:
     of the creating thread: a creation recorded before the profiled window carries no range at all, and reading
     layers or NVTX-context rules there would silently put every replayed kernel outside every module.
     """
-    tid, t_ns, found, method = _creation_points(source, ops)
+    tid, t_ns, found, how = _creation_points(source, ops)
     status = np.full(len(ops), STATUS_LAUNCH, dtype=np.int8)
     graph = ops.graph_node >= 0
+    counts = PlacementCounts(graph=int(graph.sum()))
     if not graph.any():
-        return Placement(tid, t_ns, status, method)
+        return Placement(tid, t_ns, status, counts.method(ranges), counts)
+    counts.creation_recorded = not how.startswith("launch")  # 'launch (graph node creation not recorded...)'
     frame = ranges.frame
     inside = np.zeros(len(ops), dtype=bool)
     if len(frame) and found.any():
@@ -104,15 +148,7 @@ def place_contexts(source, ops: Ops, ranges: Ranges) -> Placement:
         inside[idx] = enclosed(frame["tid"].to_numpy(), frame["start"].to_numpy(), frame["end"].to_numpy(),
                                tid[idx], t_ns[idx])
     status[graph] = np.where(inside[graph], STATUS_CREATION, STATUS_UNPLACED)
-    n_graph, n_found, n_inside = int(graph.sum()), int(found.sum()), int(inside.sum())
-    if n_found and n_inside < n_found:
-        outside = found & ~inside
-        if not len(frame):
-            why = "the capture has no NVTX ranges"
-        elif int(t_ns[outside].max()) < int(frame["start"].min()):
-            why = "the graph was captured before the profiled window"
-        else:
-            why = "no NVTX range was open there"
-        method = (f"graph capture ({n_inside} of {n_graph} replayed ops placed at their node's creation; "
-                  f"{n_found - n_inside} created outside every NVTX range: {why})")
-    return Placement(tid, t_ns, status, method)
+    counts.found, counts.inside = int(found.sum()), int(inside.sum())
+    if counts.found and counts.inside < counts.found:
+        counts.outside_max_ns = int(t_ns[found & ~inside].max())
+    return Placement(tid, t_ns, status, counts.method(ranges), counts)

@@ -143,9 +143,8 @@ def _span_steps(ranges: Ranges, ops) -> Steps | None:
     return None
 
 
-def _alike(ops, graph_launch_step: np.ndarray | None, index: np.ndarray, n: int) -> np.ndarray:
-    """Per instance (of n): is it like the others (graph launches and op count)?"""
-    counts = np.bincount(index[index >= 0], minlength=n)
+def _alike(counts: np.ndarray, graph_launch_step: np.ndarray | None, n: int) -> np.ndarray:
+    """Per instance (of n, with `counts` ops each): is it like the others (graph launches and op count)?"""
     ok = counts > 0
     if ok.any():
         values, freq = np.unique(counts[ok], return_counts=True)
@@ -159,13 +158,25 @@ def _alike(ops, graph_launch_step: np.ndarray | None, index: np.ndarray, n: int)
     return ok
 
 
+def launch_windows(ops):
+    """(launch_tid, launch_ns, launched) per window of ops: one window for in-memory Ops, several for an op store
+    (trace/store.py), so that choosing steps never needs every op in memory at once."""
+    windows = getattr(ops, "launch_windows", None)
+    return windows() if windows is not None else [(ops.launch_tid, ops.launch_ns, ops.launched)]
+
+
+def _launched_points(tid, t_ns, launched):
+    if launched.all():
+        return tid, t_ns  # views, not copies, when possible
+    return tid[launched], t_ns[launched]
+
+
 def auto_steps(source, ranges: Ranges, ops) -> Steps:
-    """Pick the step source as described in the module docstring."""
+    """Pick the step source as described in the module docstring. `ops`: Ops, or an op store (launch_windows)."""
     spans = _span_steps(ranges, ops)
     if spans is not None:
         return spans
-    launched = ops.launched
-    n_launched = int(launched.sum())
+    n_launched = sum(int(launched.sum()) for _, _, launched in launch_windows(ops))
     graphs = source.graph_launches()
     best = None
     if len(ranges) and n_launched:
@@ -178,22 +189,31 @@ def auto_steps(source, ranges: Ranges, ops) -> Steps:
         rows_of = by_name.indices
         # look at the step-like names first, then the longest-lasting
         names.sort(key=lambda n: (not STEP_NAME_HINT.search(str(n)), -int(total[n])))
-        sel = slice(None) if n_launched == len(launched) else launched  # views, not copies, when possible
-        lt, ln = ops.launch_tid[sel], ops.launch_ns[sel]
+        names = names[:MAX_CANDIDATES]
         tid, start, end = (frame[c].to_numpy() for c in ("tid", "start", "end"))
-        for name in names[:MAX_CANDIDATES]:
+        covered_by = dict.fromkeys(names, 0)
+        # coverage of every candidate, window by window (one pass over the ops); the choice below is the same as
+        # testing the candidates one after the other
+        for lt, ln, launched in launch_windows(ops):
+            lt, ln = _launched_points(lt, ln, launched)
+            for name in names:
+                rows = rows_of[name]
+                covered_by[name] += int(enclosed(tid[rows], start[rows], end[rows], lt, ln).sum())
+        for name in names:
             if best is not None and best[2] == n_launched and mean_len[name] <= best[0][1]:
                 continue  # cannot beat a candidate that already encloses everything and lasts longer
-            rows = rows_of[name]
-            covered = int(enclosed(tid[rows], start[rows], end[rows], lt, ln).sum())
+            covered = covered_by[name]
             key = (covered, float(mean_len[name]))
             if covered >= MIN_COVERAGE * n_launched and (best is None or key > best[0]):
                 best = (key, name, covered)
     if best is not None:
         steps = nvtx_steps(ranges, best[1])
-        index = steps.assign(ops.launch_tid, ops.launch_ns, launched)
+        per_instance = np.zeros(len(steps), dtype=np.int64)
+        for lt, ln, launched in launch_windows(ops):
+            index = steps.assign(lt, ln, launched)
+            per_instance += np.bincount(index[index >= 0], minlength=len(steps))
         gl = steps.assign(graphs["tid"], graphs["start"]) if graphs is not None and len(graphs["start"]) else None
-        ok = _alike(ops, gl, index, len(steps))
+        ok = _alike(per_instance, gl, len(steps))
         odd = int((~ok).sum())
         if odd <= MAX_ODD_SHARE * len(steps) and ok.any():
             covered = 100.0 * best[2] / n_launched

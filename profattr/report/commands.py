@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from profattr.attribute.commands import rules_option, steps_option
+from profattr.attribute.commands import cache_option, rules_option, steps_option
 from profattr.errors import ProfattrError
 from profattr.report.campaign import CAMPAIGN_CHART
 
@@ -145,6 +145,7 @@ def _drill_items(drills, captures) -> list:
               help="Break every capture's step down by model layer (NVTX layer ranges, e.g. SGLang's "
                    "--enable-layerwise-nvtx-marker); captures given a --mapping always are.")
 @click.option("--force", is_flag=True, help="Overwrite an existing report (report.md and charts) in the folder.")
+@cache_option
 def report(captures, output, steps, skip_steps, rules, hardware, labels, changed, samples, mappings, layers, force,
            ledger_path, drills):
     """Write the bottleneck report of CAPTURES to OUTPUT/report.md, with PNG charts.

@@ -128,16 +128,28 @@ def empty_ranges() -> pd.DataFrame:
 
 def load_ranges(export: Export) -> pd.DataFrame:
     """Closed push/pop and start/end ranges: start, end, tid, text, domain (name or '')."""
+    return ranges_frame(*range_rows(export))
+
+
+def range_rows(export: Export):
+    """(rows of start, end, tid, text, domain id; {(domain id, process bits): domain name}) of the closed ranges."""
     if not export.has(NVTX):
-        return empty_ranges()
+        return [], {}
     cols = export.columns(NVTX)
     text_id = "n.textId" if "textId" in cols else "NULL"
     same_thread = "n.endGlobalTid IS NULL" if "endGlobalTid" in cols else "1"
     rows = export.query(load_query("nvtx_ranges", text_id=text_id, same_thread=same_thread))
     if not rows:
+        return [], {}
+    domains = {(int(d), int(p)): t for d, p, t in export.query(load_query("nvtx_domains")) if t}
+    return rows, domains
+
+
+def ranges_frame(rows: list, domains: dict) -> pd.DataFrame:
+    """The ranges frame of range_rows' output (also what the op store rebuilds it from)."""
+    if not rows:
         return empty_ranges()
     frame = pd.DataFrame(rows, columns=["start", "end", "tid", "text", "domain_id"])
-    domains = {(int(d), int(p)): t for d, p, t in export.query(load_query("nvtx_domains")) if t}
     pid = frame["tid"].to_numpy() & ~0xFFFFFF
     frame["domain"] = [domains.get((int(d), int(p)), "") if d else ""
                        for d, p in zip(frame["domain_id"].to_numpy(), pid)] if domains else ""

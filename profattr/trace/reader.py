@@ -6,7 +6,6 @@ columns come and go, the metadata table was renamed. Everything here probes `sql
 """
 from __future__ import annotations
 
-import itertools
 import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +43,7 @@ class Export:
     schema_version: str | None = None
     nsys_version: str | None = None
     _columns: dict = field(default_factory=dict, repr=False)
+    _adbc: object = field(default=None, repr=False)  # a second, Arrow connection (trace/fetch.py), opened on use
     format = "nsys"
 
     @property
@@ -153,16 +153,23 @@ class Export:
         return filled - offset
 
     def _blocks(self, sql: str, params: Sequence, ncols: int):
-        """The query's rows as (ncols x chunk) int64 blocks, CHUNK_ROWS rows at a time."""
-        cursor = self._run(sql, params)
+        """The query's rows as (ncols x chunk) int64 blocks, a chunk at a time (trace/fetch.py: through Arrow when
+        ADBC's SQLite driver is installed, else sqlite3; the same values either way)."""
+        from profattr.trace import fetch
+
+        done = 0
+        if fetch.method() == "adbc":
+            try:
+                if self._adbc is None:
+                    self._adbc = fetch.adbc_connect(self.path)
+                for block in fetch.adbc_blocks(self._adbc, sql, params, ncols):
+                    done += block.shape[1]
+                    yield block
+                return
+            except fetch.Unusable:
+                pass  # a NULL or a non-integer value: sqlite3 says what it is (below), from where Arrow stopped
         try:
-            while True:
-                chunk = cursor.fetchmany(CHUNK_ROWS)
-                if not chunk:
-                    return
-                n = len(chunk)
-                yield np.fromiter(itertools.chain.from_iterable(chunk), dtype=np.int64, count=n * ncols
-                                  ).reshape(n, ncols).T
+            yield from fetch.skip_rows(fetch.sqlite3_blocks(self._run(sql, params), ncols), done)
         except sqlite3.DatabaseError as exc:
             raise _database_error(self.path, exc) from None
         except TypeError:
@@ -194,6 +201,9 @@ class Export:
         return [dict(zip(wanted, row)) for row in rows]
 
     def close(self) -> None:
+        if self._adbc is not None:
+            self._adbc.close()
+            self._adbc = None
         self.conn.close()
 
     def __enter__(self):

@@ -1,0 +1,308 @@
+"""The budget's totals, accumulated window by window: a capture need not be in memory at once.
+
+Every quantity of the budget is a sum, a count, a minimum or a maximum per (device, step), per (device, step,
+category) or per (device, kernel/context combination), so windows add up exactly, with one exception: `busy`, the
+length of the union of a step's intervals. It is exact too when windows come in start order: each (device, step)
+carries the latest end seen so far, and the next window's intervals continue the same running maximum. A window
+whose ops start before that group's last start (ops not in start order) makes `in_order` False, and the caller
+computes the budget in one window instead.
+
+Combinations (demangled name, short name, NVTX context mask) are classified once each, when first met; at the end
+they are put in the order one window over all ops gives (sorted), so the results are identical either way.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from profattr.trace.ops import KIND_KERNEL, Ops, memop_name
+
+COMM_PREFIX = "comm."
+
+
+def group_rows(*cols):
+    """Distinct rows of the given integer columns (sorted, as a 2-D array) and each row's group index.
+
+    The same result as `np.unique(np.stack(cols, 1), axis=0, return_inverse=True)`, but hash-based: that sorts
+    whole rows and dominates the run time on millions of ops.
+    """
+    n = len(cols[0])
+    if n == 0:
+        return np.zeros((0, len(cols)), dtype=np.int64), np.zeros(0, dtype=np.int64)
+    key = np.zeros(n, dtype=np.int64)
+    for col in cols:
+        codes, uniques = pd.factorize(col, sort=True)
+        key = key * len(uniques) + codes  # mixed radix: sorted keys = rows in lexicographic order
+    group, keys = pd.factorize(key, sort=True)
+    first = np.empty(len(keys), dtype=np.int64)
+    first[group[::-1]] = np.arange(n - 1, -1, -1)  # first occurrence of each group
+    rows = np.stack([np.asarray(col)[first] for col in cols], axis=1)
+    return rows, group.astype(np.int64)
+
+
+class Combos:
+    """Distinct (demangled id, short id, context mask) rows met so far, each classified once."""
+
+    def __init__(self, source, patterns, ruleset):
+        self.source, self.patterns, self.ruleset = source, list(patterns), ruleset
+        self.index: dict = {}
+        self.rows: list = []
+        self.values: list = []  # (name, demangled, category, family) per registry id
+
+    def ids(self, ops: Ops, mask: np.ndarray) -> np.ndarray:
+        """Registry id of each op's combination (new ones are classified)."""
+        uniq, local = group_rows(ops.demangled_id, ops.name_id, mask)
+        keys = [tuple(int(x) for x in r) for r in uniq]
+        new = [k for k in keys if k not in self.index]
+        if new:
+            strings = self.source.strings([k[0] for k in new] + [k[1] for k in new])
+            for k in new:
+                self.index[k] = len(self.rows)
+                self.rows.append(k)
+                self.values.append(self._classify(k, strings))
+        reg = np.array([self.index[k] for k in keys], dtype=np.int64)
+        return reg[local] if len(local) else np.zeros(0, dtype=np.int64)
+
+    def _classify(self, key, strings) -> tuple:
+        dem_id, short_id, m = key
+        if dem_id < 0:  # memory op
+            name = memop_name(int(dem_id))
+            return (name, name, "memory.set" if dem_id == -100 else "memory.copy", "cuda_memory")
+        demangled = strings.get(int(dem_id)) or strings.get(int(short_id)) or f"<string {dem_id}>"
+        short = strings.get(int(short_id)) or demangled
+        contexts = frozenset(p for b, p in enumerate(self.patterns) if (int(m) >> b) & 1)
+        rule = self.ruleset.match(demangled, contexts)
+        if rule is None and short != demangled:
+            rule = self.ruleset.match(short, contexts)
+        return (short, demangled, rule.category if rule else "unclassified", (rule.family or "") if rule else "")
+
+    def category_of(self, reg: int) -> str:
+        return self.values[reg][2]
+
+    def finish(self):
+        """(final index per registry id, combos frame in final order: the rows sorted, as one window gives)."""
+        rows = np.array(self.rows, dtype=np.int64).reshape(-1, 3)
+        order = np.lexsort((rows[:, 2], rows[:, 1], rows[:, 0])) if len(rows) else np.zeros(0, dtype=np.int64)
+        final = np.empty(len(rows), dtype=np.int64)
+        final[order] = np.arange(len(rows))
+        combos = pd.DataFrame([self.values[i] for i in order], columns=["name", "demangled", "category", "family"])
+        return final, combos
+
+
+class _Grow:
+    """Per (device, step) arrays that grow as pairs are met."""
+
+    def __init__(self):
+        self.index: dict = {}
+        self.device: list = []
+        self.step: list = []
+        self.cols = {k: np.zeros(0, dtype=np.int64)
+                     for k in ("span_start", "span_end", "busy", "op_ns", "kernels", "carry_end", "last_start")}
+
+    def ids(self, pairs: np.ndarray) -> np.ndarray:
+        out = np.empty(len(pairs), dtype=np.int64)
+        fresh = 0
+        for i, (d, s) in enumerate(pairs.tolist()):
+            j = self.index.get((d, s))
+            if j is None:
+                j = self.index[(d, s)] = len(self.device)
+                self.device.append(d)
+                self.step.append(s)
+                fresh += 1
+            out[i] = j
+        if fresh:
+            big, small = np.iinfo(np.int64).max, np.iinfo(np.int64).min
+            fill = {"span_start": big, "span_end": small, "carry_end": small, "last_start": small}
+            for k, v in self.cols.items():
+                self.cols[k] = np.concatenate([v, np.full(fresh, fill.get(k, 0), dtype=np.int64)])
+        return out
+
+
+class StepTotals:
+    """The budget's totals over the windows added so far (see the module docstring)."""
+
+    def __init__(self):
+        self.pairs = _Grow()
+        self.cat_ids: dict = {}  # category name -> id in order of first appearance
+        self.cat_parts: list = []  # per window: (pair id, category id, ns, count)
+        self.combo_parts: list = []  # per window: (device, registry combo, ns, count)
+        self.outside: dict = {}  # device -> [ns, count]
+        self.status = np.zeros(4, dtype=np.int64)
+        self.comm: list = []  # per window: comm ops inside steps
+        self.in_order = True
+
+    def add(self, ops: Ops, step: np.ndarray, combo: np.ndarray, combos: Combos | None, status: np.ndarray | None,
+            categories: np.ndarray | None = None) -> None:
+        """One window: its ops, their step (-1 outside), registry combination and placement status.
+        `categories` (per registry id) replaces `combos` when the combinations are final already."""
+        inside = step >= 0
+        out_dev = ops.device[~inside]
+        if len(out_dev):
+            out_dur = ops.end[~inside] - ops.start[~inside]
+            devs, codes = np.unique(out_dev, return_inverse=True)
+            ns = np.bincount(codes.reshape(-1), weights=out_dur, minlength=len(devs)).round().astype(np.int64)
+            cnt = np.bincount(codes.reshape(-1), minlength=len(devs))
+            for d, a, c in zip(devs.tolist(), ns.tolist(), cnt.tolist()):
+                acc = self.outside.setdefault(d, [0, 0])
+                acc[0] += a
+                acc[1] += c
+        if status is not None:
+            self.status += np.bincount(status[inside].astype(np.int64), minlength=4)[:4]
+        if not inside.any():
+            return
+        sel = slice(None) if inside.all() else inside
+        dev, stp, start, end = ops.device[sel], step[sel], ops.start[sel], ops.end[sel]
+        reg = combo[sel]
+        dur = end - start
+        local_pairs, group = group_rows(dev, stp)
+        gid = self.pairs.ids(local_pairs)
+        n_groups = len(local_pairs)
+        self._spans_and_busy(gid, group, start, end, n_groups)
+        cols = self.pairs.cols
+        cols["op_ns"][gid] += np.bincount(group, weights=dur, minlength=n_groups).round().astype(np.int64)
+        cols["kernels"][gid] += np.bincount(group, weights=ops.kind[sel] == KIND_KERNEL,
+                                            minlength=n_groups).astype(np.int64)
+        # per (step, category): category id per registry combination
+        cat_names = categories if categories is not None else np.array(
+            [combos.category_of(i) for i in range(len(combos.rows))], dtype=object)
+        cat_of_reg = np.array([self.cat_ids.setdefault(c, len(self.cat_ids)) for c in cat_names], dtype=np.int64)
+        cat = cat_of_reg[reg] if len(cat_of_reg) else np.zeros(len(reg), dtype=np.int64)
+        n_cats = max(len(self.cat_ids), 1)
+        key = group * n_cats + cat
+        ns = np.bincount(key, weights=dur, minlength=n_groups * n_cats).round().astype(np.int64)
+        count = np.bincount(key, minlength=n_groups * n_cats)
+        hit = np.flatnonzero(count)
+        g_idx, c_idx = np.divmod(hit, n_cats)
+        self.cat_parts.append((gid[g_idx], c_idx, ns[hit], count[hit]))
+        # per (device, combination)
+        dc, dc_group = group_rows(dev, reg)
+        ns = np.bincount(dc_group, weights=dur, minlength=len(dc)).round().astype(np.int64)
+        count = np.bincount(dc_group, minlength=len(dc))
+        self.combo_parts.append((dc[:, 0], dc[:, 1], ns, count))
+        # collectives (for the transfer / wait split, comm.py): few ops, kept whole
+        is_comm = np.array([str(c).startswith(COMM_PREFIX) for c in cat_names], dtype=bool)
+        if is_comm.any():
+            pick = is_comm[reg]
+            if pick.any():
+                self.comm.append({"device": dev[pick], "stream": ops.stream[sel][pick], "start": start[pick],
+                                  "end": end[pick], "step": stp[pick], "reg": reg[pick]})
+
+    def _spans_and_busy(self, gid, group, start, end, n_groups) -> None:
+        """First start, last end, and the union length of each group, continued from earlier windows.
+
+        Sort by (group, start) and take the running maximum of the ends; each group is shifted above the previous
+        one so that a single running maximum never mixes groups, and starts from the group's carried end."""
+        cols = self.pairs.cols
+        order = np.lexsort((start, group))
+        g = group[order]
+        bounds = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])
+        s = start[order]
+        e = end[order]
+        first_start = s[bounds]
+        last_start = np.maximum.reduceat(s, bounds)
+        last_end = np.maximum.reduceat(e, bounds)
+        carry = cols["carry_end"][gid]
+        had = carry != np.iinfo(np.int64).min
+        if (cols["last_start"][gid][had] > first_start[had]).any():
+            self.in_order = False
+        cols["span_start"][gid] = np.minimum(cols["span_start"][gid], first_start)
+        cols["span_end"][gid] = np.maximum(cols["span_end"][gid], last_end)
+        cols["last_start"][gid] = np.maximum(cols["last_start"][gid], last_start)
+        cols["carry_end"][gid] = np.maximum(carry, last_end)
+        origin = int(s.min())
+        top = int(e.max())
+        if had.any():
+            origin = min(origin, int(carry[had].min()))
+            top = max(top, int(carry[had].max()))
+        width = top - origin + 1
+        offset = (g * width) - origin
+        s = s + offset
+        e = e + offset
+        # what each group starts from: its carried end, else nothing (below all its starts)
+        start_from = np.where(had, carry, origin) + (np.arange(n_groups) * width) - origin
+        prev = np.maximum.accumulate(e)
+        prev[1:] = prev[:-1].copy()
+        prev[0] = s[0] - 1
+        np.maximum(prev, start_from[g], out=prev)
+        np.maximum(s, prev, out=s)
+        del prev
+        e -= s
+        np.clip(e, 0, None, out=e)
+        cols["busy"][gid] += np.bincount(g, weights=e, minlength=n_groups).round().astype(np.int64)
+
+    def finish(self, final: np.ndarray, combos: pd.DataFrame):
+        """(per_step, per_step_category, per_combo, outside) as summarize builds them from one window; `final` maps
+        registry combinations to rows of `combos`."""
+        p = self.pairs
+        dev = np.array(p.device, dtype=np.int32)
+        stp = np.array(p.step, dtype=np.int64)
+        order = np.lexsort((stp, dev))  # (device, step) sorted, as group_rows gives
+        rank = np.empty(len(order), dtype=np.int64)
+        rank[order] = np.arange(len(order))
+        c = {k: v[order] for k, v in p.cols.items()}
+        n_groups = len(order)
+        dev64 = dev.astype(np.int64)  # group_rows stacks (int32 device, int64 step) into int64 rows
+        per_step = pd.DataFrame({
+            "device": dev64[order] if n_groups else [], "step": stp[order] if n_groups else [],
+            "start_ns": c["span_start"], "end_ns": c["span_end"], "span_ns": c["span_end"] - c["span_start"],
+            "busy_ns": c["busy"], "op_ns": c["op_ns"], "kernels": c["kernels"],
+        })
+        # categories in the order of their first appearance in the final combos (pd.factorize, as summarize)
+        cat_codes, cat_names = pd.factorize(combos["category"].to_numpy())
+        n_cats = max(len(cat_names), 1)
+        code_of = {name: i for i, name in enumerate(cat_names)}
+        remap = np.array([code_of.get(name, 0) for name in self.cat_ids], dtype=np.int64)
+        if self.cat_parts:
+            g = np.concatenate([rank[x[0]] for x in self.cat_parts])
+            k = np.concatenate([remap[x[1]] for x in self.cat_parts])
+            ns_in = np.concatenate([x[2] for x in self.cat_parts])
+            cnt_in = np.concatenate([x[3] for x in self.cat_parts])
+        else:
+            g = k = ns_in = cnt_in = np.zeros(0, dtype=np.int64)
+        key = g * n_cats + k
+        size = n_groups * n_cats
+        ns = np.bincount(key, weights=ns_in, minlength=size).round().astype(np.int64)
+        count = np.bincount(key, weights=cnt_in, minlength=size).round().astype(np.int64)
+        g_idx, c_idx = np.divmod(np.flatnonzero(count), n_cats)
+        per_step_category = pd.DataFrame({"device": dev64[order][g_idx] if n_groups else [],
+                                          "step": stp[order][g_idx] if n_groups else [],
+                                          "category": np.asarray(cat_names, dtype=object)[c_idx],
+                                          "ns": ns[count > 0], "count": count[count > 0]})
+        if self.combo_parts:
+            cdev = np.concatenate([x[0] for x in self.combo_parts]).astype(np.int32)
+            creg = np.concatenate([final[x[1]] for x in self.combo_parts])
+            cns = np.concatenate([x[2] for x in self.combo_parts])
+            ccnt = np.concatenate([x[3] for x in self.combo_parts])
+        else:
+            cdev = np.zeros(0, dtype=np.int32)
+            creg = cns = ccnt = np.zeros(0, dtype=np.int64)
+        devices_all, dev_idx = np.unique(cdev, return_inverse=True)
+        n_combos = len(combos)
+        key = dev_idx.reshape(-1) * n_combos + creg
+        size = len(devices_all) * n_combos
+        ns = np.bincount(key, weights=cns, minlength=size).round().astype(np.int64)
+        count = np.bincount(key, weights=ccnt, minlength=size).round().astype(np.int64)
+        d_idx, k_idx = np.divmod(np.flatnonzero(count), n_combos)
+        per_combo = pd.DataFrame({"device": devices_all[d_idx], "combo": k_idx, "ns": ns[count > 0],
+                                  "count": count[count > 0]})
+        outside = {d: (ns_, cnt) for d, (ns_, cnt) in self.outside.items()}
+        return per_step, per_step_category, per_combo, outside
+
+    def comm_ops(self, category_of_reg: np.ndarray):
+        """(ops, step, category) holding the collectives inside steps and one stand-in op (no category) per
+        (device, step) with work, which is all comm.collective_split reads; None without collectives."""
+        if not self.comm:
+            return None
+        parts = {k: np.concatenate([w[k] for w in self.comm]) for k in self.comm[0]}
+        dev = np.concatenate([parts["device"], np.array(self.pairs.device, dtype=np.int32)])
+        n = len(dev)
+        zeros = np.zeros(n, dtype=np.int64)
+        n_stand = len(self.pairs.device)
+        start = np.concatenate([parts["start"], zeros[:n_stand]])
+        ops = Ops(start=start, end=np.concatenate([parts["end"], zeros[:n_stand]]), device=dev, launch_key=zeros,
+                  name_id=zeros.astype(np.int32), demangled_id=zeros.astype(np.int32), graph_node=zeros - 1,
+                  stream=np.concatenate([parts["stream"], np.zeros(n_stand, dtype=np.int32)]),
+                  kind=np.zeros(n, dtype=np.int8), launch_tid=zeros, launch_ns=zeros, launched=np.ones(n, bool))
+        step = np.concatenate([parts["step"], np.array(self.pairs.step, dtype=np.int64)])
+        category = np.concatenate([category_of_reg[parts["reg"]], np.full(n_stand, "", dtype=object)])
+        return ops, step, category

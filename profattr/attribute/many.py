@@ -1,0 +1,171 @@
+"""Budgets of many reports: one per report (the mapper the nsys recipe nsys_recipes/profattr_budget runs, serially,
+in processes or on Dask workers), and one budget of the per-rank reports of one tensor-parallel run.
+
+Merging ranks: each rank's report holds its own process (its GPU, its threads, its launches, its ranges); on one
+host all reports share one clock, so the ranks' ops, ranges, graph launches and node-creation events put side by
+side are what one report of all processes would hold, and the budget over them has every device and the
+collectives' transfer/wait split between ranks (comm.py). String ids are the report's own: a name another report
+interned under another id gets the id of the first report that has it.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+
+from profattr.errors import ProfattrError
+from profattr.trace.ops import Ops
+
+
+def report_budget(report_path, steps: str = "auto", rules: Sequence = (), export_with_recipe: bool = False):
+    """(report name, `profattr.budget/1` dict) of one report (.nsys-rep exported beside it first, or .sqlite).
+
+    `export_with_recipe`: export through nsys's recipe DataService (inside `nsys recipe`), else with nsys directly.
+    A module-level function, so that Dask and process pools can send it to workers by name."""
+    from profattr.attribute.budget import compute_budget
+
+    return _name(report_path), compute_budget(sqlite_of(report_path, export_with_recipe), steps=steps,
+                                              rules=rules).to_dict()
+
+
+def sqlite_of(report_path, export_with_recipe: bool = False) -> Path:
+    report = Path(report_path)
+    if report.suffix not in (".nsys-rep", ".qdrep"):
+        return report
+    sqlite = report.with_suffix(".sqlite")
+    if sqlite.exists() and sqlite.stat().st_mtime >= report.stat().st_mtime:
+        return sqlite
+    if export_with_recipe:
+        from nsys_recipe.data_service import DataService
+
+        if not DataService(str(report)).export(None, {"format": "sqlite", "path": str(sqlite)}):
+            raise ProfattrError(f"{report}: nsys could not export it to SQLite")
+        return sqlite
+    from profattr.trace.reader import resolve_capture
+
+    return resolve_capture(report)
+
+
+def _name(path) -> str:
+    name = Path(path).name
+    for suffix in (".nsys-rep", ".qdrep", ".sqlite"):
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
+class MergedSource:
+    """The reader interface over several ranks' readers (op stores or exports), as one capture of all of them."""
+
+    format = "nsys"
+
+    def __init__(self, sources: list):
+        if not sources:
+            raise ProfattrError("no reports to merge")
+        self.sources = sources
+        first = sources[0]
+        self.path = " + ".join(str(s.path) for s in sources)
+        self.nsys_version, self.schema_version = first.nsys_version, first.schema_version
+        self.tool_version = first.tool_version
+        gpus = {}
+        for s in sources:
+            for g in s.gpus:
+                gpus.setdefault(g.get("id"), g)
+        self.gpus = [gpus[k] for k in sorted(gpus, key=lambda k: (k is None, k))]
+        self._strings: dict = {}
+
+    def _remap(self, src, ops: Ops) -> dict:
+        """Old string id -> merged id for the names one source's ops use (the same id when the name agrees)."""
+        ids = sorted({int(x) for x in np.unique(np.concatenate([ops.demangled_id, ops.name_id])) if x >= 0})
+        values = src.strings(ids)
+        by_value = {v: k for k, v in self._strings.items()}
+        remap = {}
+        for old in ids:
+            value = values.get(old)
+            if value is None:
+                continue
+            if value in by_value:
+                new = by_value[value]
+            elif old not in self._strings:
+                new = old
+            else:  # the id means another name in an earlier report
+                new = max(self._strings) + 1
+            self._strings[new] = value
+            by_value[value] = new
+            remap[old] = new
+        return remap
+
+    def ops(self, include_memory: bool = True) -> Ops:
+        """Every rank's ops, rank after rank (call first: it also builds the merged string table)."""
+        parts = []
+        self._strings = {}
+        for src in self.sources:
+            ops = src.ops(include_memory)
+            remap = {k: v for k, v in self._remap(src, ops).items() if k != v}
+            for col in ("demangled_id", "name_id") if remap else ():
+                values = getattr(ops, col)
+                mapped = values.copy()
+                for old, new in remap.items():
+                    mapped[values == old] = new
+                setattr(ops, col, mapped)
+            parts.append(ops)
+        return Ops(**{k: np.concatenate([getattr(p, k) for p in parts]) for k in parts[0].__dict__})
+
+    def ranges(self) -> pd.DataFrame:
+        frames = [s.ranges() for s in self.sources]
+        frames = [f for f in frames if len(f)] or frames[:1]
+        frame = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+        return frame.sort_values(["tid", "start"], kind="stable").reset_index(drop=True)
+
+    def graph_launches(self):
+        parts = [g for g in (s.graph_launches() for s in self.sources) if g is not None]
+        if not parts:
+            return None
+        g = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+        order = np.lexsort((g["start"], g["tid"]))
+        return {k: v[order] for k, v in g.items()}
+
+    def node_creation(self):
+        parts = [n for n in (s.node_creation() for s in self.sources) if n is not None]
+        if not parts:
+            return None
+        ev = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+        order = np.lexsort((-ev["original"], ev["node"]))
+        ev = {k: v[order] for k, v in ev.items()}
+        first = np.ones(len(ev["node"]), dtype=bool)
+        first[1:] = ev["node"][1:] != ev["node"][:-1]
+        return {k: v[first] for k, v in ev.items()}
+
+    def strings(self, ids) -> dict:
+        return {int(i): self._strings[int(i)] for i in ids if i is not None and int(i) in self._strings}
+
+    def close(self) -> None:
+        for s in self.sources:
+            s.close()
+
+
+def merged_budget(paths: Sequence, steps: str = "auto", rules: Sequence = (), export_with_recipe: bool = False):
+    """One Budget over the per-rank reports of one run (see the module docstring): every device, and with two or
+    more ranks running collectives, the comm split."""
+    from profattr.attribute.budget import budget_of, store_source
+    from profattr.taxonomy.classify import load_rules
+    from profattr.trace.source import open_trace
+
+    opened, sources = [], []
+    try:
+        for p in paths:
+            export = open_trace(sqlite_of(p, export_with_recipe))
+            opened.append(export)
+            sources.append(store_source(export))
+        merged = MergedSource(sources)
+        budget = budget_of(merged, steps, load_rules(rules))
+        budget.attribution = None
+        return budget
+    finally:
+        for s, e in zip(sources, opened):
+            if s is not e:
+                s.close()
+        for e in opened:
+            e.close()

@@ -1,0 +1,77 @@
+"""The budget computed window by window over a capture's op store (trace/store.py): memory is bounded by a window
+of ops, not by the capture, and the result is identical to computing it over all ops at once (budget.py attribute +
+summarize): the same steps, contexts, combinations and totals (attribute/accumulate.py says why the sums, and the
+busy time in start order, add up exactly).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from profattr.attribute.accumulate import Combos, StepTotals
+from profattr.attribute.comm import collective_split
+from profattr.attribute.graphs import PlacementCounts, place_contexts
+from profattr.attribute.nvtx import load_ranges
+from profattr.attribute.steps import find_steps
+
+
+def windowed_budget(source, steps_spec: str, ruleset, skip_steps=None):
+    """The Budget of `source` (a StoreSource), or None when its ops are not in start order."""
+    from profattr.attribute import budget as B
+
+    store = source.store
+    ranges = load_ranges(source)
+    steps = find_steps(source, steps_spec, ranges, store)
+    patterns = list(ruleset.context_patterns)
+    combos = Combos(source, patterns, ruleset)
+    budget = _pass(source, store, steps, ranges, patterns, combos)
+    if budget is None or skip_steps in (None, 0, "0"):
+        return budget
+    leading = B._leading_to_skip(budget, skip_steps)
+    if not leading:
+        return budget
+    how = "auto: the slow start the steady-state test found" if skip_steps == "auto" else "--skip-steps"
+    kept, remap = B.skip_remap(steps, leading, f"first {leading} step(s) of each thread ({how})")
+    return _pass(source, store, kept, ranges, patterns, combos, remap, assign=steps)
+
+
+def _pass(source, store, steps, ranges, patterns, combos: Combos, remap=None, assign=None):
+    """One pass over the windows. `steps` are the budget's; with `remap`, ops are assigned to the steps `assign`
+    (all of them) and then renumbered into `steps` (-1: a left-out step)."""
+    from profattr.attribute import budget as B
+
+    assign = steps if assign is None else assign
+
+    windows = store.time_windows()
+    if windows is None:
+        return None
+    totals = StepTotals()
+    counts = PlacementCounts()
+    selected = B.context_ranges(ranges, patterns)
+    for ops in windows:
+        step = assign.assign(ops.launch_tid, ops.launch_ns, ops.launched)
+        if remap is not None:
+            step = remap[step]
+        placement = place_contexts(source, ops, ranges)
+        counts.add(placement.counts_of_method)
+        mask = B.context_mask(ranges, patterns, placement.tid, placement.t_ns, selected)
+        reg = combos.ids(ops, mask)
+        totals.add(ops, step, reg, combos, placement.status)
+        if not totals.in_order:
+            return None
+    final, frame = combos.finish()
+    per_step, per_step_category, per_combo, outside = totals.finish(final, frame)
+    budget = B.assemble(source, steps, counts.method(ranges), frame, per_step, per_step_category, per_combo,
+                        outside, B.placement_dict(totals.status))
+    category_of_reg = np.array([combos.category_of(i) for i in range(len(combos.rows))], dtype=object)
+    comm = totals.comm_ops(category_of_reg)
+    if comm is not None:
+        ops, step, category = comm
+        split = collective_split(ops, step, steps.start, category, B._steps_per_device(budget))
+        if split is not None:
+            per_device, summary, table = split
+            for d in budget.devices:
+                if d["device"] in per_device:
+                    d["comm"] = per_device[d["device"]]
+            budget.comm = summary
+            budget.per_step_comm = table
+    return budget

@@ -1,0 +1,200 @@
+"""The budget cache: a capture's op store (trace/store.py), kept in the user's cache folder so that diff, report and
+repeated budgets skip the SQLite read.
+
+- Where: $PROFATTR_CACHE/opstore, else $XDG_CACHE_HOME/profattr/opstore, else ~/.cache/profattr/opstore; never
+  beside the capture.
+- Key: the file's identity (device, inode, size, mtime_ns), a hash of its first and last MiB, and READER_VERSION
+  (bumped whenever what the reader makes changes).
+- Size: at most $PROFATTR_CACHE_MAX_MB (default 4096) MB; the least recently used entries go first.
+- Off: `--no-cache` or PROFATTR_NO_CACHE=1 (the store is then built in a temporary folder and removed).
+- A damaged entry is ignored, removed and rebuilt: the cache is never the reason a budget fails.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from profattr.trace import store as opstore
+
+READER_VERSION = "1"
+DEFAULT_MAX_MB = 4096
+HASH_BYTES = 1 << 20
+
+
+def enabled() -> bool:
+    return os.environ.get("PROFATTR_NO_CACHE", "").lower() not in ("1", "true", "yes")
+
+
+def cache_root() -> Path:
+    base = os.environ.get("PROFATTR_CACHE")
+    if base:
+        return Path(base) / "opstore"
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "profattr" / "opstore"
+
+
+def max_bytes() -> int:
+    try:
+        return int(float(os.environ.get("PROFATTR_CACHE_MAX_MB", DEFAULT_MAX_MB)) * 1024 * 1024)
+    except ValueError:
+        return DEFAULT_MAX_MB * 1024 * 1024
+
+
+def capture_key(path) -> str:
+    """The cache key of a capture file: identity, content hash of its ends, reader version."""
+    path = Path(path)
+    st = path.stat()
+    h = hashlib.sha256()
+    h.update(f"{READER_VERSION}:{opstore.FORMAT}:{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}".encode())
+    with path.open("rb") as fh:
+        h.update(fh.read(HASH_BYTES))
+        if st.st_size > HASH_BYTES:
+            fh.seek(max(HASH_BYTES, st.st_size - HASH_BYTES))
+            h.update(fh.read(HASH_BYTES))
+    return h.hexdigest()[:32]
+
+
+class StoreSource:
+    """The reader interface of a capture backed by its op store: ops, ranges, graph launches, node creation and
+    strings come from the store; anything else (api calls, kernel configs, ...) from the open export."""
+
+    format = "nsys"
+
+    def __init__(self, export, store: "opstore.OpStore", temporary: bool = False, cached: bool = False):
+        self.export = export
+        self.store = store
+        self.temporary = temporary
+        self.cached = cached  # True when the store was found in the cache (a warm run)
+        self.path = export.path
+        self.nsys_version = store.meta.get("nsys_version")
+        self.schema_version = store.meta.get("schema_version")
+        self.gpus = store.meta.get("gpus") or []
+
+    @property
+    def tool_version(self):
+        return self.nsys_version
+
+    def ops(self, include_memory: bool = True):
+        if not include_memory:
+            return self.export.ops(include_memory=False)
+        return self.store.ops()
+
+    def ranges(self):
+        return self.store.ranges()
+
+    def graph_launches(self):
+        return self.store.graph_launches()
+
+    def node_creation(self):
+        return self.store.node_creation()
+
+    def strings(self, ids):
+        found = self.store.strings(ids)
+        rest = [i for i in {int(i) for i in ids if i is not None and int(i) >= 0} if i not in found]
+        if rest:  # a string the store did not keep (not a kernel name): ask the export
+            found.update(self.export.strings(rest))
+        return found
+
+    def __getattr__(self, name):
+        if name == "export":
+            raise AttributeError(name)
+        return getattr(self.export, name)
+
+    def close(self) -> None:
+        if self.temporary:
+            shutil.rmtree(self.store.folder.parent, ignore_errors=True)
+
+
+def open_store(export) -> StoreSource:
+    """The store of an open nsys export: from the cache (built there on a miss), or a temporary one."""
+    if not enabled():
+        return _temporary(export)
+    root = cache_root()
+    try:
+        key = capture_key(export.path)
+        entry = root / key
+        if entry.exists():
+            try:
+                found = opstore.OpStore(entry)
+                _touch(entry)
+                return StoreSource(export, found, cached=True)
+            except Exception:  # damaged or from another format: rebuild it
+                shutil.rmtree(entry, ignore_errors=True)
+        root.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=root))
+    except OSError:
+        return _temporary(export)  # no writable cache folder: still never beside the capture
+    try:
+        opstore.build(export, work / "store")
+        try:
+            os.replace(work / "store", entry)
+        except OSError:  # another process stored it first: use ours from the temporary folder
+            return StoreSource(export, opstore.OpStore(work / "store"), temporary=True)
+        shutil.rmtree(work, ignore_errors=True)
+        _touch(entry)
+        evict(root, keep=entry)
+        return StoreSource(export, opstore.OpStore(entry))
+    except OSError:  # disk full, permissions: build it where temporary files go
+        shutil.rmtree(work, ignore_errors=True)
+        return _temporary(export)
+
+
+def _temporary(export) -> StoreSource:
+    work = Path(tempfile.mkdtemp(prefix="profattr-store-"))
+    try:
+        return StoreSource(export, opstore.build(export, work / "store"), temporary=True)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+
+
+def _touch(entry: Path) -> None:
+    """Mark an entry used now (its LRU time)."""
+    try:
+        (entry / "used").write_text(str(time.time()))
+    except OSError:
+        pass
+
+
+def _entry_size(entry: Path) -> int:
+    return sum(f.stat().st_size for f in entry.iterdir() if f.is_file())
+
+
+def evict(root: Path, keep: Path | None = None) -> None:
+    """Remove least recently used entries until the cache fits in max_bytes(); temporary build folders older than a
+    day are removed too."""
+    entries = []
+    for entry in root.iterdir():
+        try:
+            if entry.name.startswith("."):
+                if time.time() - entry.stat().st_mtime > 86400:
+                    shutil.rmtree(entry, ignore_errors=True)
+                continue
+            used = entry / "used"
+            stamp = used.stat().st_mtime if used.exists() else entry.stat().st_mtime
+            entries.append((stamp, entry, _entry_size(entry)))
+        except OSError:
+            continue
+    total = sum(size for _, _, size in entries)
+    for _, entry, size in sorted(entries, key=lambda e: e[0]):
+        if total <= max_bytes():
+            break
+        if keep is not None and entry == keep:
+            continue
+        shutil.rmtree(entry, ignore_errors=True)
+        total -= size
+
+
+def describe() -> dict:
+    """Where the cache is and what it holds (for tests and `--help` texts)."""
+    root = cache_root()
+    entries = [e for e in root.iterdir() if not e.name.startswith(".")] if root.exists() else []
+    return {"root": str(root), "enabled": enabled(), "entries": len(entries),
+            "bytes": sum(_entry_size(e) for e in entries), "max_bytes": max_bytes(),
+            "reader_version": READER_VERSION, "meta": [json.loads((e / "meta.json").read_text()).get("rows")
+                                                       for e in entries if (e / "meta.json").exists()]}

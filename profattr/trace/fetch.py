@@ -1,0 +1,96 @@
+"""Bulk fetch of integer query results into numpy blocks: through Arrow (ADBC's SQLite driver) when it is installed,
+else through the standard sqlite3 module.
+
+Both run the same SQL on the same file and yield the same int64 values; Arrow skips the Python object made for every
+value (sqlite3 builds a tuple per row), which is most of the cost of reading millions of GPU ops
+(benchmarks/RESULTS.md: fetch methods side by side). `PROFATTR_FETCH=sqlite3` forces the standard module.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import sqlite3
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+
+CHUNK_ROWS = 65536  # rows per block: bounds what is alive at once
+
+
+def method() -> str:
+    """'adbc' when ADBC's SQLite driver is importable (and not turned off), else 'sqlite3'."""
+    if os.environ.get("PROFATTR_FETCH", "").lower() == "sqlite3":
+        return "sqlite3"
+    try:
+        import adbc_driver_sqlite.dbapi  # noqa: F401
+    except ImportError:
+        return "sqlite3"
+    return "adbc"
+
+
+class Unusable(Exception):
+    """Arrow could not give int64 columns for this query (a NULL, a REAL, a text): the caller falls back."""
+
+
+def adbc_connect(path: Path):
+    """A read-only ADBC connection (mode=ro: nothing is ever written beside the capture)."""
+    import adbc_driver_sqlite.dbapi as dbapi
+
+    return dbapi.connect(f"{Path(path).resolve().as_uri()}?mode=ro")
+
+
+def adbc_blocks(conn, sql: str, params: Sequence, ncols: int) -> Iterator[np.ndarray]:
+    """(ncols x rows) int64 blocks of the query's record batches; raises Unusable on a non-integer column."""
+    from adbc_driver_sqlite import StatementOptions
+
+    cur = conn.cursor()
+    try:
+        cur.adbc_statement.set_options(**{StatementOptions.BATCH_ROWS.value: str(CHUNK_ROWS)})
+        cur.execute(sql, tuple(params) if params else None)
+        reader = cur.fetch_record_batch()
+        for batch in reader:
+            if batch.num_columns != ncols:
+                raise Unusable(f"{batch.num_columns} columns, expected {ncols}")
+            n = batch.num_rows
+            if n == 0:
+                continue
+            block = np.empty((ncols, n), dtype=np.int64)
+            for i in range(ncols):
+                col = batch.column(i)
+                if col.null_count or not _is_integer(col.type):
+                    raise Unusable(f"column {i}: {col.type}, {col.null_count} NULLs")
+                block[i] = col.to_numpy(zero_copy_only=False)
+            yield block
+    except Unusable:
+        raise
+    except Exception as exc:  # the driver's own errors (type changes between batches): let sqlite3 decide
+        raise Unusable(str(exc)) from None
+    finally:
+        cur.close()
+
+
+def _is_integer(arrow_type) -> bool:
+    import pyarrow as pa
+
+    return pa.types.is_integer(arrow_type) or pa.types.is_null(arrow_type)
+
+
+def sqlite3_blocks(cursor: sqlite3.Cursor, ncols: int) -> Iterator[np.ndarray]:
+    """(ncols x rows) int64 blocks of an executed sqlite3 cursor (TypeError on a NULL)."""
+    while True:
+        chunk = cursor.fetchmany(CHUNK_ROWS)
+        if not chunk:
+            return
+        n = len(chunk)
+        yield np.fromiter(itertools.chain.from_iterable(chunk), dtype=np.int64, count=n * ncols).reshape(n, ncols).T
+
+
+def skip_rows(blocks: Iterator[np.ndarray], rows: int) -> Iterator[np.ndarray]:
+    """The blocks without their first `rows` rows (to resume a query another method started)."""
+    for block in blocks:
+        if rows >= block.shape[1]:
+            rows -= block.shape[1]
+            continue
+        yield block[:, rows:]
+        rows = 0

@@ -1,0 +1,380 @@
+"""A capture's per-op arrays on disk, read window by window: what the budget needs from an Nsight Systems export
+(the reader's Ops, NVTX ranges, graph launches, node creation, the kernel-name strings), written once.
+
+Building streams the export in windows of ops (in table order, which nsys writes sorted by start), joins each window
+to its launch calls through a sliding buffer of launch calls (calls run before their GPU work; a call that left the
+buffer or was never recorded by name is looked up exactly at the end), and appends each column to its own file. So
+memory is bounded by a window, not by the capture. The same folder is the budget cache's entry (trace/cache.py);
+without the cache it is a temporary folder.
+
+An entry holds: meta.json (columns, rows, capture facts), ops.COLUMN.bin (raw arrays, in Ops order: kernels, then
+memcpys, then memsets), tables.npz (ranges, graph launches, node creation as integer arrays) and strings.json
+(NVTX texts and domains, kernel-name strings).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from profattr.errors import ProfattrError
+from profattr.trace import nsys_tables
+from profattr.trace.ops import KIND_KERNEL, KIND_MEMCPY, KIND_MEMSET, LOW32, Ops
+from profattr.trace.reader import KERNEL, MEMCPY, MEMSET, RUNTIME, load_query
+
+FORMAT = "profattr.opstore/1"
+COLUMNS = {"start": np.int64, "end": np.int64, "device": np.int32, "launch_key": np.int64, "name_id": np.int32,
+           "demangled_id": np.int32, "graph_node": np.int64, "stream": np.int32, "kind": np.int8,
+           "launch_tid": np.int64, "launch_ns": np.int64, "launched": np.bool_}
+DEFAULT_WINDOW_OPS = 1 << 19  # ops per window: about 35 MB of op arrays, a few times that while a window is worked
+MIN_LAUNCH_MARGIN_NS = 2_000_000_000  # launch calls kept this long (or 4x the longest lag seen) behind the window
+
+
+def window_ops() -> int:
+    try:
+        return max(1, int(os.environ.get("PROFATTR_WINDOW_OPS", DEFAULT_WINDOW_OPS)))
+    except ValueError:
+        return DEFAULT_WINDOW_OPS
+
+
+class OpStore:
+    """A finished store folder: rows, windows of ops, and the small tables."""
+
+    def __init__(self, folder: Path):
+        self.folder = Path(folder)
+        meta = json.loads((self.folder / "meta.json").read_text())
+        if meta.get("format") != FORMAT:
+            raise ValueError(f"{folder}: not a {FORMAT} store")
+        self.meta = meta
+        self.rows = int(meta["rows"])
+        for name, dtype in COLUMNS.items():
+            size = (self.folder / f"ops.{name}.bin").stat().st_size
+            if size != self.rows * np.dtype(dtype).itemsize:
+                raise ValueError(f"{folder}: ops.{name}.bin has {size} bytes, expected {self.rows} rows")
+        with np.load(self.folder / "tables.npz", allow_pickle=False) as z:
+            self.tables = {k: z[k] for k in z.files}
+        self.text = json.loads((self.folder / "strings.json").read_text())
+
+    def column(self, name: str, lo: int = 0, hi: int | None = None) -> np.ndarray:
+        """Rows lo..hi of one column, read with plain file reads (no memory map: RSS stays the window's)."""
+        hi = self.rows if hi is None else hi
+        dtype = np.dtype(COLUMNS[name])
+        with open(self.folder / f"ops.{name}.bin", "rb") as fh:
+            fh.seek(lo * dtype.itemsize)
+            out = np.fromfile(fh, dtype=dtype, count=hi - lo)
+        if len(out) != hi - lo:
+            raise ValueError(f"{self.folder}: ops.{name}.bin is short")
+        return out
+
+    def ops(self, lo: int = 0, hi: int | None = None) -> Ops:
+        return Ops(**{name: self.column(name, lo, hi) for name in COLUMNS})
+
+    def bounds(self, size: int | None = None):
+        size = size or window_ops()
+        return [(lo, min(lo + size, self.rows)) for lo in range(0, self.rows, size)] or [(0, 0)]
+
+    def windows(self, size: int | None = None):
+        """Ops of each window, in order."""
+        for lo, hi in self.bounds(size):
+            yield lo, self.ops(lo, hi)
+
+    def time_windows(self, size: int | None = None):
+        """Ops in windows of GPU start time, every table's ops at once: the kernel rows of each row window, with
+        the memcpys and memsets that start between its first kernel and the next window's. Every (device, step)
+        then meets its ops in start order, which the busy time's running union needs (attribute/accumulate.py).
+        None when a table's rows are not in start order."""
+        segments = self.meta.get("segments") or []
+        if not segments or not all(seg[3] for seg in segments) or segments[0][0] != KIND_KERNEL:
+            return None
+        _, k_lo, k_hi, _ = segments[0]
+        size = size or window_ops()
+        row_bounds = [(lo, min(lo + size, k_hi)) for lo in range(k_lo, k_hi, size)] or [(k_lo, k_hi)]
+        cuts = [int(self.column("start", lo, lo + 1)[0]) for lo, _ in row_bounds[1:]]
+        others = []
+        for _, lo, hi, _ in segments[1:]:
+            pos = np.searchsorted(self.column("start", lo, hi), cuts, side="left") + lo
+            others.append(np.concatenate([[lo], pos, [hi]]).astype(np.int64))
+        return self._time_windows(row_bounds, others)
+
+    def _time_windows(self, row_bounds, others):
+        for i, (lo, hi) in enumerate(row_bounds):
+            parts = [self.ops(lo, hi)] + [self.ops(int(b[i]), int(b[i + 1])) for b in others]
+            parts = [p for p in parts if len(p)] or parts[:1]
+            yield concat_ops(parts) if len(parts) > 1 else parts[0]
+
+    def launch_windows(self, size: int | None = None):
+        """(launch_tid, launch_ns, launched) of each window: all steps.auto_steps needs from the ops."""
+        for lo, hi in self.bounds(size):
+            yield (self.column("launch_tid", lo, hi), self.column("launch_ns", lo, hi),
+                   self.column("launched", lo, hi))
+
+    # --- the small tables, as the reader returns them ------------------------------------------------------------
+    def ranges(self) -> pd.DataFrame:
+        t = self.tables
+        if "ranges_start" not in t:
+            return nsys_tables.empty_ranges()
+        rows = list(zip(t["ranges_start"].tolist(), t["ranges_end"].tolist(), t["ranges_tid"].tolist(),
+                        self.text["ranges_text"], t["ranges_domain"].tolist()))
+        domains = {(int(d), int(p)): s for d, p, s in self.text["domains"]}
+        return nsys_tables.ranges_frame(rows, domains)
+
+    def _group(self, prefix: str, names) -> dict | None:
+        if f"{prefix}_{names[0]}" not in self.tables:
+            return None
+        return {n: self.tables[f"{prefix}_{n}"] for n in names}
+
+    def graph_launches(self) -> dict | None:
+        return self._group("graph", ("start", "end", "tid", "correlation"))
+
+    def node_creation(self) -> dict | None:
+        return self._group("nodes", ("node", "original", "start", "tid"))
+
+    def strings(self, ids) -> dict:
+        known = self.text["strings"]
+        return {int(i): known[str(int(i))] for i in {int(i) for i in ids if i is not None}
+                if str(int(i)) in known}
+
+
+def concat_ops(parts) -> Ops:
+    return Ops(**{name: np.concatenate([getattr(p, name) for p in parts]) for name in COLUMNS})
+
+
+def build(export, folder: Path, size: int | None = None) -> OpStore:
+    """Write the store of an open nsys export into `folder` (which must not exist), window by window."""
+    size = size or window_ops()
+    folder = Path(folder)
+    folder.mkdir(parents=True)
+    try:
+        rows, segments, name_pairs = _write_ops(export, folder, size)
+        tables, text = _small_tables(export, name_pairs)
+        np.savez(folder / "tables.npz", **tables)
+        (folder / "strings.json").write_text(json.dumps(text))
+        meta = {"format": FORMAT, "rows": rows, "segments": segments, "columns": {k: np.dtype(v).str for k, v in COLUMNS.items()},
+                "nsys_version": export.nsys_version, "schema_version": export.schema_version,
+                "gpus": export.gpus}
+        (folder / "meta.json").write_text(json.dumps(meta))
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    return OpStore(folder)
+
+
+def _write_ops(export, folder: Path, size: int) -> int:
+    if not export.has(KERNEL):
+        nsys_tables.load_ops(export)  # raises the reader's own error (no kernel data, and why)
+    names = _Background(lambda: _query_alone(export, load_query("kernel_names")))  # SQLite's GROUP BY, in parallel
+    files = {name: open(folder / f"ops.{name}.bin", "wb") for name in COLUMNS if name != "name_id"}
+    missing_rows, missing_keys = [], []
+    written = 0
+    segments = []  # [kind, first row, end row, rows in start order]
+    try:
+        sources = [(KERNEL, "gpu_kernels", KIND_KERNEL, "k")]
+        sources += [(t, q, k, "m") for t, q, k in ((MEMCPY, "gpu_memcpy", KIND_MEMCPY),
+                                                   (MEMSET, "gpu_memset", KIND_MEMSET)) if export.has(t)]
+        for table, query, code, alias in sources:
+            sql = load_query(query, **nsys_tables._optional(export, table, alias))
+            launches = _LaunchStream(export)
+            segment = [int(code), written, written, True]
+            last_start = None
+            for block in _windows_of(export._blocks(sql, (), len(nsys_tables.PACKED_COLS)), size):
+                ops = _window_ops(block, code)
+                if len(ops):
+                    in_order = bool((ops.start[1:] >= ops.start[:-1]).all())
+                    if not in_order or (last_start is not None and int(ops.start[0]) < last_start):
+                        segment[3] = False
+                    last_start = int(ops.start[-1])
+                miss = launches.join(ops)
+                missing_rows.append(np.flatnonzero(miss) + written)
+                missing_keys.append(ops.launch_key[miss])
+                for name, fh in files.items():
+                    getattr(ops, name).astype(COLUMNS[name], copy=False).tofile(fh)
+                written += len(ops)
+            segment[2] = written
+            segments.append(segment)
+    finally:
+        for fh in files.values():
+            fh.close()
+    pairs = names.result()
+    _write_short_names(folder, written, _short_name_table(pairs))
+    rows = np.concatenate(missing_rows) if missing_rows else np.zeros(0, dtype=np.int64)
+    keys = np.concatenate(missing_keys) if missing_keys else np.zeros(0, dtype=np.int64)
+    if len(rows) and export.has(RUNTIME):
+        _patch_missing(export, folder, rows, keys)
+    return written, segments, pairs
+
+
+def _windows_of(blocks, size: int):
+    """Regroup (cols x n) blocks into (cols x size) windows (the last one shorter)."""
+    pending, have = [], 0
+    for block in blocks:
+        pending.append(block)
+        have += block.shape[1]
+        while have >= size:
+            joined = np.concatenate(pending, axis=1) if len(pending) > 1 else pending[0]
+            yield joined[:, :size]
+            rest = joined[:, size:]
+            pending, have = ([rest] if rest.shape[1] else []), rest.shape[1]
+    if have:
+        yield np.concatenate(pending, axis=1) if len(pending) > 1 else pending[0]
+
+
+class _Background:
+    """Run a query in a thread (sqlite3 lets go of the GIL while SQLite works) and give its result on demand."""
+
+    def __init__(self, fn):
+        import threading
+
+        self.value, self.error = None, None
+        self.thread = threading.Thread(target=self._run, args=(fn,), daemon=True)
+        self.thread.start()
+
+    def _run(self, fn):
+        try:
+            self.value = fn()
+        except BaseException as exc:  # handed to the caller
+            self.error = exc
+
+    def result(self):
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+def _query_alone(export, sql: str) -> list:
+    """`sql`'s rows through a connection of its own (read-only), so that it runs beside the main one."""
+    import sqlite3
+
+    conn = sqlite3.connect(f"{Path(export.path).resolve().as_uri()}?mode=ro", uri=True)
+    try:
+        return conn.execute(sql).fetchall()
+    except sqlite3.DatabaseError:
+        return export.query(sql)  # says what is wrong in the reader's words
+    finally:
+        conn.close()
+
+
+def _short_name_table(pairs):
+    pairs = np.array(pairs, dtype=np.int64).reshape(-1, 2)
+    order = np.argsort(pairs[:, 0])
+    return pairs[order, 0], pairs[order, 1]
+
+
+def _write_short_names(folder: Path, rows: int, short, size: int = 1 << 22) -> None:
+    """ops.name_id.bin from ops.demangled_id.bin: the short-name id of each kernel's demangled name (as
+    nsys_tables._short_names), window by window."""
+    keys, vals = short
+    with open(folder / "ops.demangled_id.bin", "rb") as src, open(folder / "ops.name_id.bin", "wb") as dst:
+        for lo in range(0, rows, size):
+            demangled_id = np.fromfile(src, dtype=np.int32, count=min(size, rows - lo))
+            name_id = demangled_id.copy()
+            if len(keys):
+                pos = np.clip(np.searchsorted(keys, demangled_id), 0, len(keys) - 1)
+                hit = (keys[pos] == demangled_id) & (demangled_id >= 0)
+                name_id[hit] = vals[pos[hit]].astype(np.int32)
+            name_id.tofile(dst)
+
+
+def _window_ops(block: np.ndarray, code: int) -> Ops:
+    """One window's Ops, as nsys_tables.load_ops makes them (launch columns filled by the join, short names
+    written at the end by _write_short_names)."""
+    start, end, device, packed, key, graph_node = (np.ascontiguousarray(c) for c in block)
+    n = len(start)
+    low = (packed & LOW32).astype(np.int32)
+    if code == KIND_MEMCPY:
+        demangled_id = -1 - low
+    elif code == KIND_MEMSET:
+        demangled_id = np.full(n, -100, dtype=np.int32)
+    else:
+        demangled_id = low
+    return Ops(start=start, end=end, device=device.astype(np.int32), launch_key=key, name_id=demangled_id,
+               demangled_id=demangled_id, graph_node=graph_node, stream=(packed >> 32).astype(np.int32),
+               kind=np.full(n, code, dtype=np.int8), launch_tid=np.full(n, -1, dtype=np.int64),
+               launch_ns=np.full(n, -1, dtype=np.int64), launched=np.zeros(n, dtype=bool))
+
+
+class _LaunchStream:
+    """Launch calls (by API name, in table order = start order) read alongside GPU windows in start order.
+
+    Before a window is joined, every call that started before the window's last op is read; calls far behind the
+    window are dropped. An op not matched here (its call was dropped, or is not a launch by name, or was never
+    recorded) is returned as missing and looked up exactly at the end (_patch_missing): the join stays exact.
+    """
+
+    def __init__(self, export):
+        self.blocks = None
+        if export.has(RUNTIME):
+            name_ids = ",".join(str(int(r[0])) for r in export.query(load_query("launch_call_names")))
+            if name_ids:
+                self.blocks = export._blocks(load_query("launch_calls_by_name", name_ids=name_ids), (), 3)
+        self.buf = np.zeros((3, 0), dtype=np.int64)  # key, tid, start
+        self.max_lag = 0
+
+    def join(self, ops: Ops) -> np.ndarray:
+        """Fill ops' launch columns in place; returns which ops were not matched."""
+        if len(ops) == 0:
+            return np.zeros(0, dtype=bool)
+        last = int(ops.start.max())
+        parts = [self.buf]
+        while self.blocks is not None and (parts[-1].shape[1] == 0 or int(parts[-1][2, -1]) <= last):
+            block = next(self.blocks, None)
+            if block is None:
+                self.blocks = None
+                break
+            parts.append(block)
+        self.buf = np.concatenate(parts, axis=1) if len(parts) > 1 else self.buf
+        found = np.zeros(len(ops), dtype=bool)
+        if self.buf.shape[1]:
+            calls = {"key": self.buf[0], "tid": self.buf[1], "start": self.buf[2]}
+            found = nsys_tables._match(calls, ops.launch_key, ops.launch_tid, ops.launch_ns)
+            ops.launched[:] = found
+            if found.any():
+                self.max_lag = max(self.max_lag, int((ops.start[found] - ops.launch_ns[found]).max()))
+            keep_from = int(ops.start.min()) - max(4 * self.max_lag, MIN_LAUNCH_MARGIN_NS)
+            self.buf = self.buf[:, self.buf[2] >= keep_from]
+        return ~found
+
+
+def _patch_missing(export, folder: Path, rows: np.ndarray, keys: np.ndarray) -> None:
+    """Exact lookup (by correlationId, any API name) of the ops the windowed join missed; patched in place."""
+    tid = np.full(len(rows), -1, dtype=np.int64)
+    ns = np.full(len(rows), -1, dtype=np.int64)
+    calls = export.arrays(load_query("launch_calls_for"), ["key", "tid", "start"],
+                          params=(json.dumps(np.unique(keys & LOW32).tolist()),))
+    found = nsys_tables._match(calls, keys, tid, ns)
+    if not found.any():
+        return
+    rows, tid, ns = rows[found], tid[found], ns[found]
+    for name, values in (("launch_tid", tid), ("launch_ns", ns), ("launched", np.ones(len(rows), dtype=bool))):
+        mm = np.memmap(folder / f"ops.{name}.bin", dtype=COLUMNS[name], mode="r+")
+        mm[rows] = values.astype(COLUMNS[name])
+        mm.flush()
+        del mm
+
+
+def _small_tables(export, name_pairs):
+    tables, text = {}, {}
+    rows, domains = nsys_tables.range_rows(export)
+    if rows:
+        cols = list(zip(*rows))
+        for i, name in ((0, "start"), (1, "end"), (2, "tid"), (4, "domain")):
+            tables[f"ranges_{name}"] = np.array(cols[i], dtype=np.int64)
+        text["ranges_text"] = list(cols[3])
+    text["domains"] = [[d, p, t] for (d, p), t in domains.items()]
+    for prefix, data in (("graph", nsys_tables.graph_launches(export)), ("nodes", nsys_tables.node_creation(export))):
+        for k, v in (data or {}).items():
+            tables[f"{prefix}_{k}"] = np.asarray(v, dtype=np.int64)
+    ids = {int(i) for pair in name_pairs for i in pair if i is not None}
+    text["strings"] = {str(k): v for k, v in export.strings(ids).items()}
+    return tables, text
+
+
+def store_or_error(folder: Path) -> OpStore:
+    try:
+        return OpStore(folder)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ProfattrError(f"{folder}: unreadable op store ({exc})") from None

@@ -1,0 +1,176 @@
+"""The op store and the budget cache on real captures: the store's ops are the reader's ops exactly, a windowed budget
+(many small windows) is the one-window budget exactly, cached and uncached budgets are identical, the cache lives in
+the user's cache folder (never beside the capture), a damaged entry is rebuilt, and the cache stays within its size."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+from conftest import EXAMPLES, SGLANG_CAPTURES, SGLANG_EAGER_CAPTURES, WORKLOAD_CAPTURES
+from profattr.attribute.budget import budget_of, compute_budget
+from profattr.taxonomy.classify import load_rules
+from profattr.trace import cache, store
+from profattr.trace.reader import open_export
+
+# graph and eager, one GPU and two (tp2: collectives, the comm split), with and without memory ops
+CAPTURES = ["sglang-triton-bs1", "sglang-triton_kernel-bs1", "sglang-triton-bs1-eager", "wl-eager-loop",
+            "wl-graph-grouped-before", "wl-graph-grouped-tp2"]
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    folder = tmp_path / "user-cache"
+    monkeypatch.setenv("PROFATTR_CACHE", str(folder))
+    monkeypatch.delenv("PROFATTR_NO_CACHE", raising=False)
+    return folder
+
+
+def _same_budget(a, b):
+    assert a.to_dict() == b.to_dict()
+    pd.testing.assert_frame_equal(a.per_step, b.per_step)
+    pd.testing.assert_frame_equal(a.per_step_category, b.per_step_category)
+    if a.per_step_comm is None:
+        assert b.per_step_comm is None
+    else:
+        pd.testing.assert_frame_equal(a.per_step_comm.reset_index(drop=True), b.per_step_comm.reset_index(drop=True))
+
+
+@pytest.mark.parametrize("name", CAPTURES)
+def test_store_ops_are_the_readers_ops(name, export_example, tmp_path):
+    path = export_example(name)
+    with open_export(path) as export:
+        expected = export.ops()
+        built = store.build(export, tmp_path / "store", size=777)  # many windows, a launch buffer that slides
+        got = built.ops()
+        for column in store.COLUMNS:
+            want, have = getattr(expected, column), getattr(got, column)
+            assert have.dtype == want.dtype, column
+            assert np.array_equal(have, want), column
+        pd.testing.assert_frame_equal(built.ranges(), export.ranges())
+        for a, b in ((built.graph_launches(), export.graph_launches()), (built.node_creation(), export.node_creation())):
+            assert (a is None) == (b is None)
+            if a is not None:
+                assert all(np.array_equal(a[k], b[k]) for k in b)
+
+
+@pytest.mark.parametrize("name", CAPTURES)
+def test_windowed_cached_and_uncached_budgets_are_identical(name, export_example, cache_dir, monkeypatch):
+    path = export_example(name)
+    with open_export(path) as export:  # the reference: every op in memory, read straight from SQLite
+        reference = budget_of(export, "auto", load_rules(()))
+    monkeypatch.setenv("PROFATTR_WINDOW_OPS", "501")
+    cold = compute_budget(path)
+    assert list(cache_dir.glob("opstore/*/meta.json")), "the cold budget stored the capture"
+    warm = compute_budget(path)
+    monkeypatch.setenv("PROFATTR_NO_CACHE", "1")
+    uncached = compute_budget(path)
+    for other in (cold, warm, uncached):
+        _same_budget(reference, other)
+
+
+def test_report_path_reads_the_cache(export_example, cache_dir):
+    """keep_attribution (report, layers) takes every op from the store: the same attribution as from SQLite."""
+    path = export_example("wl-graph-grouped-tp2")
+    with open_export(path) as export:
+        reference = budget_of(export, "auto", load_rules(()))
+    compute_budget(path)  # fills the cache
+    warm = compute_budget(path, keep_attribution=True, by="layer")
+    _same_budget(reference, compute_budget(path))
+    assert np.array_equal(warm.attribution.step, reference.attribution.step)
+    assert np.array_equal(warm.attribution.combo, reference.attribution.combo)
+
+
+def test_nothing_is_written_beside_the_capture(tmp_path, cache_dir):
+    folder = tmp_path / "captures"
+    folder.mkdir()
+    capture = folder / "sglang-triton-bs1.sqlite"
+    shutil.copyfile(EXAMPLES / capture.name, capture)
+    before = sorted(p.name for p in folder.iterdir())
+    compute_budget(capture)
+    compute_budget(capture)
+    assert sorted(p.name for p in folder.iterdir()) == before
+    entries = [p for p in (cache_dir / "opstore").iterdir() if not p.name.startswith(".")]
+    assert len(entries) == 1
+    assert not any(str(folder) in str(p) for p in cache_dir.rglob("*"))
+
+
+def test_damaged_entry_is_rebuilt(tmp_path, cache_dir):
+    capture = tmp_path / "sglang-triton-bs1.sqlite"
+    shutil.copyfile(EXAMPLES / capture.name, capture)
+    good = compute_budget(capture).to_dict()
+    (entry,) = [p for p in (cache_dir / "opstore").iterdir() if not p.name.startswith(".")]
+    with open(entry / "ops.start.bin", "r+b") as fh:  # truncated column
+        fh.truncate(100)
+    assert compute_budget(capture).to_dict() == good
+    (entry / "meta.json").write_text("{not json")  # unreadable metadata
+    assert compute_budget(capture).to_dict() == good
+    (entry / "tables.npz").write_bytes(b"garbage")
+    assert compute_budget(capture).to_dict() == good
+    assert store.OpStore(entry).rows > 0  # rebuilt, readable again
+
+
+def test_key_follows_the_file(tmp_path, cache_dir):
+    capture = tmp_path / "c.sqlite"
+    shutil.copyfile(EXAMPLES / "sglang-triton-bs1.sqlite", capture)
+    key = cache.capture_key(capture)
+    assert cache.capture_key(capture) == key
+    os.utime(capture, ns=(capture.stat().st_atime_ns, capture.stat().st_mtime_ns + 1))
+    assert cache.capture_key(capture) != key
+
+
+def test_cache_is_bounded_least_recently_used_first(tmp_path, cache_dir, monkeypatch):
+    captures = []
+    for i, name in enumerate(["sglang-triton-bs1", "sglang-triton_kernel-bs1"]):
+        captures.append(tmp_path / f"{name}.sqlite")
+        shutil.copyfile(EXAMPLES / f"{name}.sqlite", captures[-1])
+    compute_budget(captures[0])
+    first = cache.capture_key(captures[0])
+    size = sum(f.stat().st_size for f in (cache_dir / "opstore" / first).iterdir())
+    monkeypatch.setenv("PROFATTR_CACHE_MAX_MB", str(1.5 * size / 2 ** 20))  # room for one entry, not two
+    compute_budget(captures[1])
+    names = {p.name for p in (cache_dir / "opstore").iterdir() if not p.name.startswith(".")}
+    assert names == {cache.capture_key(captures[1])}
+
+
+def test_no_cache_option_and_variable(tmp_path, cache_dir, monkeypatch):
+    from profattr.cli import cli
+
+    capture = tmp_path / "sglang-triton-bs1.sqlite"
+    shutil.copyfile(EXAMPLES / capture.name, capture)
+    try:
+        result = CliRunner().invoke(cli, ["budget", str(capture), "--format", "json", "--no-cache"])
+        assert result.exit_code == 0, result.output
+        assert not (cache_dir / "opstore").exists()
+        assert os.environ.get("PROFATTR_NO_CACHE") == "1"  # set for diff's worker processes too
+        result2 = CliRunner().invoke(cli, ["budget", str(capture), "--format", "json"])
+        assert result2.exit_code == 0
+        assert not (cache_dir / "opstore").exists()
+        assert json.loads(result.output) == json.loads(result2.output)
+    finally:
+        os.environ.pop("PROFATTR_NO_CACHE", None)  # the option sets it in this process
+    result3 = CliRunner().invoke(cli, ["budget", str(capture), "--format", "json"])
+    assert json.loads(result3.output) == json.loads(result.output)
+    assert (cache_dir / "opstore").exists()
+
+
+def test_unwritable_cache_falls_back(tmp_path, monkeypatch):
+    blocker = tmp_path / "file-not-folder"
+    blocker.write_text("x")
+    monkeypatch.setenv("PROFATTR_CACHE", str(blocker))  # opstore/ cannot be made under a file
+    capture = EXAMPLES / "sglang-triton-bs1.sqlite"
+    assert compute_budget(capture).to_dict()["devices"]
+
+
+@pytest.mark.parametrize("name", SGLANG_CAPTURES[2:] + SGLANG_EAGER_CAPTURES[1:] + WORKLOAD_CAPTURES[1:2])
+def test_more_captures_windowed(name, export_example, cache_dir, monkeypatch):
+    path = export_example(name)
+    with open_export(path) as export:
+        reference = budget_of(export, "auto", load_rules(()))
+    monkeypatch.setenv("PROFATTR_WINDOW_OPS", "1000")
+    _same_budget(reference, compute_budget(path))
