@@ -27,6 +27,7 @@ import signal
 import subprocess
 import sys
 import threading
+import warnings
 
 from profattr.errors import ProfattrError
 
@@ -118,7 +119,9 @@ def trial_names(pattern: str) -> list:
     """Adversarial names for `pattern`: each of its characters, the first pairs in order, and all of them in order,
     repeated to MAX_MATCH_CHARS, then a character it does not expect."""
     chars: list = []
-    _characters(_sre_parse.parse(pattern), chars)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _characters(_sre_parse.parse(pattern), chars)
     chars = [c for c in dict.fromkeys(chars) if c][:8] or ["a"]
     units = chars + [a + b for a, b in zip(chars, chars[1:])][:4] + ["".join(chars)]
     return [(unit * (MAX_MATCH_CHARS // len(unit) + 1))[: MAX_MATCH_CHARS - 1] + "\x00" for unit in units]
@@ -153,7 +156,9 @@ def _main_thread_timer_free() -> bool:
 
 
 def _overruns(pattern: str, names: list) -> bool:
-    rx = re.compile(pattern)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rx = re.compile(pattern)
     if _main_thread_timer_free():
         previous = signal.signal(signal.SIGALRM, _raise_overrun)
         try:
@@ -182,7 +187,10 @@ def _overruns(pattern: str, names: list) -> bool:
 @functools.lru_cache(maxsize=512)
 def problem(pattern: str):
     """Why `pattern` is refused (a phrase), or None. `pattern` must compile."""
-    nested = _nested(_sre_parse.parse(pattern), False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        parsed = _sre_parse.parse(pattern)
+    nested = _nested(parsed, False)
     if nested:
         return f"{nested} (catastrophic backtracking: exponential time on a long name)"
     if _overruns(pattern, trial_names(pattern)):
@@ -195,7 +203,9 @@ def compile_user(pattern: str, where: str) -> "re.Pattern[str]":
     """`pattern` compiled, after the checks of the module docstring; ProfattrError naming `where` (a rules file's
     file:line and rule, or an option) when it does not compile or is refused."""
     try:
-        rx = re.compile(pattern)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # re's FutureWarnings (a possible nested set): the user's choice
+            rx = re.compile(pattern)
     except re.error as exc:
         raise ProfattrError(f"{where}: bad regex {pattern!r}: {exc.msg} at position {exc.pos}; write a Python re "
                             "pattern") from None
