@@ -203,6 +203,14 @@ def test_catastrophic_nvtx_regex_layer_range_and_steps(tmp_path):
     assert_error(cli("budget", REAL_EXPORT, "--steps", "nvtx-re:(a+)+$", timeout=60), "--steps nvtx-re")
 
 
+def test_the_shipped_rules_pass_the_regex_checks():
+    from profattr.regexguard import problem
+    from profattr.taxonomy.classify import load_rules
+
+    patterns = {p for r in load_rules(()).rules for p in (r.pattern, r.nvtx) if p}
+    assert {p: problem(p) for p in patterns if problem(p)} == {}
+
+
 def test_long_names_are_matched_on_their_first_characters(tmp_path):
     rules = tmp_path / "tail.toml"
     rules.write_text('[[rule]]\nid = "mine.tail"\ncategory = "norm"\npattern = "TAIL$"\n')
@@ -283,10 +291,11 @@ def test_no_numpy_warning_reaches_stderr(tmp_path):
     cap = copy_export(tmp_path)
     sql(cap, f'UPDATE {KERNEL} SET "end" = 9223372036854775807, start = -4611686018427387904 '
              f"WHERE rowid % 3 = 0")
-    proc = cli("budget", cap)
-    assert proc.returncode == 0
-    assert b"RuntimeWarning" not in proc.stderr and b"overflow" not in proc.stderr
-    assert len([x for x in proc.stderr.splitlines() if x.strip()]) == 1
+    for command in ("budget", "check"):
+        proc = cli(command, cap)
+        assert proc.returncode == 0, proc.stderr
+        assert b"RuntimeWarning" not in proc.stderr and b"overflow" not in proc.stderr
+        assert len([x for x in proc.stderr.splitlines() if x.strip()]) == 1, proc.stderr
 
 
 def test_a_text_start_column_is_a_damaged_table(tmp_path):

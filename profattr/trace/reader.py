@@ -98,7 +98,8 @@ class Export:
 
         self._rows_checked = True
         for table, reasons in hide_damaged_rows(self).items():
-            self.claims.skipped[table] = reasons
+            before = self.claims.skipped.get(table, {})
+            self.claims.skipped[table] = {**before, **reasons, "rows": before.get("rows", 0) + reasons["rows"]}
         return self._read(read)
 
     def kernel_configs(self) -> dict:

@@ -72,19 +72,24 @@ _GRAPH_EVENTS = [Column("start"), Column("globalTid"), Column("graphNodeId", nul
 # tables read only when they have these columns (node creation needs both ids: trace/nsys_tables.py)
 READ_ONLY_WITH = {"CUDA_GRAPH_EVENTS": {"graphNodeId", "originalGraphNodeId"},
                   "CUDA_GRAPH_NODE_EVENTS": {"graphNodeId", "originalGraphNodeId"}}
+# no capture holds a time beyond +-2^62 ns (146 years): such a row is damaged even where the arrays never see it
+# (a difference of two such times would overflow 64 bits inside SQLite)
+_TIMES = [(f'(typeof("start") != \'integer\' OR "start" BETWEEN -{2 ** 62} AND {2 ** 62}) AND '
+           f'(typeof("end") != \'integer\' OR "end" BETWEEN -{2 ** 62} AND {2 ** 62})', "a time beyond 2^62 ns")]
 # table -> (columns, extra conditions (SQL, reason))
 TABLES = {
     KERNEL: (_GPU_OP + [Column("demangledName", nullable=True, low=0, high=INT31),
-                        Column("shortName", low=0, high=INT31)] + _GRID, []),
-    MEMCPY: (_GPU_OP + [Column("copyKind", nullable=True, low=0, high=INT31)], []),
-    MEMSET: (_GPU_OP, []),
+                        Column("shortName", low=0, high=INT31)] + _GRID, _TIMES),
+    MEMCPY: (_GPU_OP + [Column("copyKind", nullable=True, low=0, high=INT31)], _TIMES),
+    MEMSET: (_GPU_OP, _TIMES),
     RUNTIME: ([Column("start"), Column("end"), Column("globalTid"), Column("correlationId", low=0, high=UINT32),
-               Column("nameId")], []),
+               Column("nameId")], _TIMES),
     NVTX: ([Column("start"), Column("end", nullable=True), Column("eventType"),
             Column("globalTid", nullable=True), Column("endGlobalTid", needed=False, nullable=True),
             Column("text", needed=False, nullable=True, text=True),
             Column("textId", needed=False, nullable=True), Column("domainId", needed=False, nullable=True)],
-           [('"eventType" NOT IN (59, 60) OR typeof("globalTid") = \'integer\'', "a range without a thread")]),
+           [('"eventType" NOT IN (59, 60) OR typeof("globalTid") = \'integer\'', "a range without a thread")]
+           + _TIMES),
     "CUDA_GRAPH_EVENTS": (_GRAPH_EVENTS, []),
     "CUDA_GRAPH_NODE_EVENTS": (_GRAPH_EVENTS, []),
     "StringIds": ([Column("id"), Column("value", text=True)], []),
