@@ -1,13 +1,18 @@
 -- (SQLite gives << >> & | one precedence, left to right: every group is parenthesised.)
 -- Every kernel execution, in few integers (fetching is the cost that matters on big exports):
---   deviceId   as recorded (no width limit)
---   packed     = (streamId & 0x7FFFFFFF) << 32 | demangled name id (StringIds)
+--   deviceId   as recorded (no width limit; -1 when it does not fit the 31 bits of Ops.device)
+--   packed     = streamId << 32 | demangled name id (StringIds)
 --   launch_key = (vm + process bits of globalPid) << 32 | correlationId   -- the key of its launch call
+-- A value that does not fit its field (deviceId, streamId or name id beyond 31 bits, correlationId beyond 32) makes
+-- the field -1 instead of wrapping into another id; the reader drops such rows and counts them (trace/validate.py).
 -- {stream_id} and {graph_node_id} are filled in by the reader (optional columns).
 SELECT k.start,
        k."end",
-       k.deviceId,
-       ((({stream_id}) & 2147483647) << 32) | (COALESCE(k.demangledName, k.shortName) & 4294967295),
-       (((k.globalPid >> 24) & 4294967295) << 32) | (k.correlationId & 4294967295),
+       CASE WHEN k.deviceId BETWEEN 0 AND 2147483647 THEN k.deviceId ELSE -1 END,
+       CASE WHEN ({stream_id}) BETWEEN 0 AND 2147483647
+                 AND COALESCE(k.demangledName, k.shortName) BETWEEN 0 AND 2147483647
+            THEN (({stream_id}) << 32) | COALESCE(k.demangledName, k.shortName) ELSE -1 END,
+       CASE WHEN k.correlationId BETWEEN 0 AND 4294967295
+            THEN (((k.globalPid >> 24) & 4294967295) << 32) | k.correlationId ELSE -1 END,
        {graph_node_id}
 FROM CUPTI_ACTIVITY_KIND_KERNEL AS k

@@ -2,8 +2,10 @@
 -- place of the name id.
 SELECT m.start,
        m."end",
-       m.deviceId,
-       ((({stream_id}) & 2147483647) << 32) | (COALESCE(m.copyKind, 0) & 4294967295),
-       (((m.globalPid >> 24) & 4294967295) << 32) | (m.correlationId & 4294967295),
+       CASE WHEN m.deviceId BETWEEN 0 AND 2147483647 THEN m.deviceId ELSE -1 END,
+       CASE WHEN ({stream_id}) BETWEEN 0 AND 2147483647 AND COALESCE(m.copyKind, 0) BETWEEN 0 AND 2147483647
+            THEN (({stream_id}) << 32) | COALESCE(m.copyKind, 0) ELSE -1 END,
+       CASE WHEN m.correlationId BETWEEN 0 AND 4294967295
+            THEN (((m.globalPid >> 24) & 4294967295) << 32) | m.correlationId ELSE -1 END,
        {graph_node_id}
 FROM CUPTI_ACTIVITY_KIND_MEMCPY AS m

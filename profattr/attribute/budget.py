@@ -28,6 +28,7 @@ from profattr.attribute.graphs import STATUS_MAPPING, STATUS_NAMES, STATUS_UNPLA
 from profattr.attribute.nvtx import Ranges, enclosed, load_ranges
 from profattr.attribute.steps import Steps, find_steps
 from profattr.errors import ProfattrError
+from profattr.regexguard import MAX_MATCH_CHARS
 from profattr.taxonomy.classify import load_rules
 from profattr.trace.ops import KIND_KERNEL, Ops, memop_name
 from profattr.trace.source import open_trace
@@ -102,6 +103,7 @@ class Budget:
     format: str = "nsys"  # the reader: nsys (SQLite export) or torch (torch-profiler trace)
     tool_version: str | None = None
     steps_excluded: dict = field(default_factory=dict)
+    skipped_rows: dict = field(default_factory=dict)  # {table: {reason: rows, "rows": total}} (trace/validate.py)
 
     def to_dict(self) -> dict:
         out = {
@@ -114,6 +116,8 @@ class Budget:
             "nvtx_context": self.context_method,
             "devices": self.devices,
         }
+        if self.skipped_rows:
+            out["capture"]["skipped_rows"] = self.skipped_rows
         if self.nvtx_placement is not None:
             out["nvtx_placement"] = self.nvtx_placement
         if self.layer_pattern is not None:
@@ -193,8 +197,26 @@ def budget_of(export, steps: str = "auto", ruleset=None, mapping: "Attribution |
             how = "auto: the slow start the steady-state test found" if skip_steps == "auto" else "--skip-steps"
             attribution = skip_leading_steps(attribution, leading, f"first {leading} step(s) of each thread ({how})")
             budget = summarize(export, attribution)
+    claims = getattr(export, "claims", None)
+    _require_work(export, budget, attribution, claims)
     budget.attribution = attribution
+    if claims is not None:
+        budget.skipped_rows = {t: dict(r) for t, r in claims.skipped.items()}
+        claims.warn()
     return budget
+
+
+def _require_work(export, budget: Budget, att: Attribution, claims) -> None:
+    """One clear error when there is nothing to budget: no GPU work in the capture, or none inside its steps."""
+    if budget.devices:
+        return
+    damaged = f" (and {claims.total()} damaged row(s) were skipped)" if claims is not None and claims.total() else ""
+    if len(att.ops) == 0:
+        raise ProfattrError(f"{export.path}: no GPU work in the capture: no kernel, memcpy or memset rows{damaged}; "
+                            "capture with `--trace=cuda` (and `--cuda-graph-trace=node`)")
+    raise ProfattrError(f"{export.path}: no GPU work in its steps: none of its {len(att.ops)} GPU ops was launched "
+                        f"inside one of the {len(att.steps)} steps ({att.steps.source}){damaged}; try --steps whole, "
+                        "or --steps nvtx:NAME with a range that encloses the launches")
 
 
 def _leading_to_skip(budget: Budget, skip_steps) -> int:
@@ -304,9 +326,10 @@ def context_mask(ranges: Ranges, patterns: Sequence[str], ctx_tid, ctx_ns, selec
 def context_ranges(ranges: Ranges, patterns: Sequence[str]) -> list:
     """Per pattern, the (tid, start, end) arrays of the ranges whose text matches it."""
     frame = ranges.frame
+    texts = frame["text"].astype(str).str.slice(0, MAX_MATCH_CHARS) if len(frame) else None  # regexguard.py
     out = []
     for pattern in patterns:
-        sel = frame[frame["text"].str.contains(pattern, regex=True)] if len(frame) else frame
+        sel = frame[texts.str.contains(pattern, regex=True)] if len(frame) else frame
         out.append((sel["tid"].to_numpy(), sel["start"].to_numpy(), sel["end"].to_numpy()))
     return out
 

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import click
 
+from profattr.outputs import check_output, emit, output_options
+
 
 STEPS_HELP = ("How to cut the capture into decode steps: auto (SGLang's decode spans step[DECODE bs=N], torch's "
               "ProfilerStep#N, a repeating NVTX range whose instances enclose the launches alike, CUDA graph "
@@ -54,13 +56,15 @@ def format_option(choices=("table", "json", "csv", "markdown")):
 @steps_option
 @rules_option
 @format_option()
-@click.option("--top", default=15, show_default=True, help="Kernels listed per GPU in table/markdown output.")
+@click.option("--top", default=15, show_default=True, type=click.IntRange(min=1),
+              help="Kernels listed per GPU in table/markdown output.")
 @click.option("--by", "by", type=click.Choice(("category", "layer")), default="category", show_default=True,
               help="layer: also break each GPU's step down by model layer (read from NVTX).")
 @click.option("--layer-range", "layer_range", metavar="REGEX", help=LAYER_RANGE_HELP)
 @click.option("--mapping", type=click.Path(dir_okay=False), metavar="CAPTURE", help=MAPPING_HELP)
-@click.option("--force", is_flag=True, help="Re-export a .nsys-rep even when an older .sqlite exists beside it.")
-@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write to this file instead of stdout.")
+@click.option("--force", is_flag=True, help="Replace the -o file when it exists, and re-export a .nsys-rep even when "
+                                           "an older .sqlite exists beside it.")
+@output_options(force=False)
 @cache_option
 def budget(capture, steps, skip_steps, rules, fmt, top, by, layer_range, mapping, force, output):
     """Per decode step and per GPU: time per kernel category and kernel, idle time, and coverage.
@@ -71,28 +75,26 @@ def budget(capture, steps, skip_steps, rules, fmt, top, by, layer_range, mapping
     from profattr.attribute.budget import compute_budget
     from profattr.report import budget_view
 
+    import json
+
+    from profattr.text import clean_tree
+
+    given = [capture, mapping, *rules]
+    if output:
+        check_output(output, force, given)  # before the slow part
     result = compute_budget(capture, steps=steps, rules=rules, force=force, mapping=mapping,
                             by="layer" if layer_range is not None else by, layer_range=layer_range,
                             skip_steps=skip_steps)
     data = result.to_dict()
     if fmt == "json":
-        text = result.to_json()
+        text = json.dumps(clean_tree(data), indent=2)
     elif fmt == "csv":
         text = budget_view.render_csv(data)
     elif fmt == "markdown":
         text = budget_view.render_markdown(data, top=top)
     else:
         text = budget_view.render_table(data, top=top)
-    _emit(text, output)
-
-
-def _emit(text: str, output) -> None:
-    if output:
-        from pathlib import Path
-
-        Path(output).write_text(text + ("" if text.endswith("\n") else "\n"))
-    else:
-        click.echo(text)
+    emit(text, output, force, given)
 
 
 class GroupsCommand(click.Command):
@@ -113,16 +115,18 @@ class GroupsCommand(click.Command):
 @format_option(("table", "json", "markdown"))
 @click.option("--changed", help="Category family you changed between A and B (e.g. moe); warns when its kernels "
                                 "are identical. Default: moe when the two run.json name different backends.")
-@click.option("--samples", default=2000, show_default=True, help="Bootstrap samples for the 95% intervals.")
+@click.option("--samples", default=2000, show_default=True, type=click.IntRange(min=1),
+              help="Bootstrap samples for the 95% intervals.")
 @click.option("--mapping-a", type=click.Path(dir_okay=False), metavar="CAPTURE",
               help="--mapping for A. " + MAPPING_HELP)
 @click.option("--mapping-b", type=click.Path(dir_okay=False), metavar="CAPTURE", help="--mapping for B.")
 @click.option("--by", "by", type=click.Choice(("category", "layer")), default="category", show_default=True,
               help="layer: also list the change per model layer (read from NVTX).")
 @click.option("--layer-range", "layer_range", metavar="REGEX", help=LAYER_RANGE_HELP)
-@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write to this file instead of stdout.")
+@output_options()
 @cache_option
-def diff(captures, steps, skip_steps, rules, fmt, changed, samples, mapping_a, mapping_b, by, layer_range, output):
+def diff(captures, steps, skip_steps, rules, fmt, changed, samples, mapping_a, mapping_b, by, layer_range, output,
+         force):
     """Attribute the step-time change from capture A to capture B: `diff A B`, or from one group of replicate
     captures to another: `diff A1 A2 -- B1 B2` (or `diff 'a-r*.sqlite' 'b-r*.sqlite'`, glob patterns quoted).
 
@@ -137,6 +141,7 @@ def diff(captures, steps, skip_steps, rules, fmt, changed, samples, mapping_a, m
     from profattr.attribute.diff import compute_diff, load_sides
     from profattr.errors import ProfattrError
     from profattr.report import diff_view
+    from profattr.text import clean_tree
 
     group_b = click.get_current_context().meta.get("profattr_group_b")
     if group_b is not None:
@@ -148,15 +153,17 @@ def diff(captures, steps, skip_steps, rules, fmt, changed, samples, mapping_a, m
     else:
         raise ProfattrError(f"diff takes two captures (A B), or two groups split by `--` (A1 A2 -- B1 B2); got "
                             f"{len(captures)} without `--`")
-    if samples < 1:
-        raise ProfattrError(f"--samples must be at least 1 (got {samples})")
+    given = [*(a if isinstance(a, list) else [a]), *(b if isinstance(b, list) else [b]), mapping_a, mapping_b,
+             *rules]
+    if output:
+        check_output(output, force, given)
     by = "layer" if layer_range is not None else by
     side_a, side_b = load_sides(a, b, steps, rules, mapping_a, mapping_b, by, layer_range, skip_steps)
     result = compute_diff(side_a, side_b, samples=samples, changed=changed)
     if fmt == "json":
-        text = json.dumps(result, indent=2)
+        text = json.dumps(clean_tree(result), indent=2)
     elif fmt == "markdown":
         text = diff_view.render_markdown(result)
     else:
         text = diff_view.render_table(result)
-    _emit(text, output)
+    emit(text, output, force, given)

@@ -118,10 +118,17 @@ def load_side(path, steps: str = "auto", rules: Sequence = (), mapping=None, by:
     if mapping is not None and p.suffix == ".json" and not p.name.endswith(".trace.json"):
         raise ProfattrError(f"{p}: --mapping applies to captures, not to budget JSON files")
     if p.suffix == ".json" and p.is_file() and _is_budget_json(p):
+        from profattr import inputs
+
+        text = inputs.read_text(p, "a capture or a budget JSON (`profattr budget --format json`)")
         try:
-            data = json.loads(p.read_text())
-        except (OSError, ValueError) as exc:
+            data = json.loads(text)
+        except (ValueError, RecursionError) as exc:
             raise ProfattrError(f"{p}: not a readable budget JSON ({exc})") from None
+        if not isinstance(data, dict) or data.get("schema") != "profattr.budget/1":
+            schema = data.get("schema") if isinstance(data, dict) else None
+            raise ProfattrError(f"{p}: not a profattr budget (schema {schema!r}); write one with "
+                                "`profattr budget CAPTURE --format json`")
         return Side(str(p), data, None, None, run)
     b: Budget = compute_budget(p, steps=steps, rules=rules, mapping=mapping, by=by, layer_range=layer_range,
                                skip_steps=skip_steps)
@@ -140,12 +147,15 @@ def _is_budget_json(p: Path) -> bool:
 
 
 def _run_json(p: Path) -> dict | None:
+    from profattr import inputs
+
     cand = run_json_path(p)
-    if cand.exists():
+    if inputs.is_regular_file(cand):
         try:
-            return json.loads(cand.read_text())
-        except ValueError:
+            run = json.loads(inputs.read_text(cand, "a run.json"))
+        except (ProfattrError, ValueError, RecursionError):
             return None
+        return run if isinstance(run, dict) else None
     return None
 
 
@@ -209,8 +219,9 @@ def compute_diff(a: Side, b: Side, samples: int = BOOTSTRAP_SAMPLES, changed: st
     sides (e.g. `moe`); by default `moe` when the two run.json files name different backends."""
     devices_a = [d["device"] for d in a.budget["devices"]]
     devices_b = [d["device"] for d in b.budget["devices"]]
-    if not devices_a or not devices_b:
-        raise ProfattrError("one of the captures has no GPU work inside its steps; nothing to compare")
+    for side, devices in ((a, devices_a), (b, devices_b)):
+        if not devices:
+            raise ProfattrError(f"{side.path}: no GPU work in its steps; nothing to compare")
     # match devices by id; when the two captures used different ids, by order
     pairs = ([(d, d) for d in devices_a if d in devices_b] if set(devices_a) & set(devices_b)
              else list(zip(devices_a, devices_b)))

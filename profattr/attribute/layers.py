@@ -32,10 +32,15 @@ def compile_layer_pattern(pattern: str | None) -> "re.Pattern[str]":
     """The layer regex (default when None); a bad regex is the user's error."""
     text = DEFAULT_LAYER_PATTERN if pattern is None else pattern
     try:
-        return re.compile(text)
+        compiled = re.compile(text)
     except re.error as exc:
         raise ProfattrError(f"--layer-range {pattern!r} is not a valid regular expression ({exc}); "
                             r"give a Python regex such as 'layers\.(\d+)'") from None
+    if pattern is not None:  # a user's regex: bounded (regexguard.py)
+        from profattr.regexguard import compile_user
+
+        compile_user(text, "--layer-range")
+    return compiled
 
 
 def _label(match: "re.Match[str]", text: str):
@@ -54,7 +59,9 @@ def _label(match: "re.Match[str]", text: str):
 
 def layer_label(text: str, regex: "re.Pattern[str]"):
     """Layer label of an NVTX range text under `regex` (see the module docstring), None when it does not match."""
-    m = regex.search(text) if isinstance(text, str) else None
+    from profattr.regexguard import capped
+
+    m = regex.search(capped(text)) if isinstance(text, str) else None
     return None if m is None else _label(m, text)
 
 

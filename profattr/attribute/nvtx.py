@@ -28,8 +28,10 @@ class Ranges:
         text, _, domain = pattern.partition("@")
         if domain:
             frame = frame[frame["domain"] == domain]
-        if regex:
-            return frame[frame["text"].str.contains(text, regex=True)]
+        if regex:  # a user's regex (checked by regexguard.compile_user), on text cut to MAX_MATCH_CHARS
+            from profattr.regexguard import MAX_MATCH_CHARS
+
+            return frame[frame["text"].astype(str).str.slice(0, MAX_MATCH_CHARS).str.contains(text, regex=True)]
         return frame[frame["text"] == text]
 
 

@@ -14,6 +14,8 @@ from profattr.capture.sglang import backend_help
 from profattr.check import FAIL, Finding, overall, render_table, to_json
 from profattr.check.locate import locate
 from profattr.check.run import check_capture
+from profattr.outputs import check_output, emit, output_options
+from profattr.text import clean_tree
 
 FORMATS = click.Choice(["table", "json"])
 
@@ -43,30 +45,32 @@ def _echo(message: str) -> None:
                    "NAME-TP-<rank>.trace.json.gz, no nsys needed)")
 @click.option("--torch-with-stack", is_flag=True, help="--profiler torch: record Python stacks (SGLang's own "
               "default; costs CPU time in every step)")
-@click.option("--repeat", type=int, default=1, show_default=True,
+@click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
               help="replicate windows per batch size (SGLang: windows of one server, named NAME-rI; workload or "
                    "command: separate runs)")
 @click.option("--cuda-graph-trace", type=click.Choice(["node", "graph"]), default="node", show_default=True,
               help="node: one row per replayed kernel (graph: replayed kernels are not recorded)")
 @click.option("--model", metavar="PATH", help="SGLang target: model folder (or Hugging Face id) to serve")
 @click.option("--backend", help=backend_help() + " [default: auto]")
-@click.option("--tp", type=int, default=1, show_default=True, help="tensor-parallel size (GPUs)")
+@click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True, help="tensor-parallel size (GPUs)")
 @click.option("--host", default="127.0.0.1", show_default=True, help="SGLang server host")
-@click.option("--port", type=int, default=30000, show_default=True, help="SGLang server port")
+@click.option("--port", type=click.IntRange(1, 65535), default=30000, show_default=True, help="SGLang server port")
 @click.option("--launcher", envvar="PROFATTR_SGLANG_LAUNCHER", metavar="CMD",
               help="command that starts the server instead of `python -m sglang.launch_server` "
                    "(env PROFATTR_SGLANG_LAUNCHER)")
-@click.option("--health-timeout", "health_timeout_s", type=float, default=600, show_default=True,
-              help="seconds to wait for GET /health")
-@click.option("--input-len", type=int, default=64, show_default=True, help="prompt length in token ids")
-@click.option("--max-new-tokens", type=int, default=64, show_default=True,
+@click.option("--health-timeout", "health_timeout_s", type=click.FloatRange(min=0, min_open=True), default=600,
+              show_default=True, help="seconds to wait for GET /health")
+@click.option("--input-len", type=click.IntRange(min=1), default=64, show_default=True,
+              help="prompt length in token ids")
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=64, show_default=True,
               help="tokens decoded per request (at least --steps + 4)")
 @click.option("--batch", "batch_spec", default="1", show_default=True, metavar="B[,B...]",
               help="concurrent requests (decode batch size); SGLang: a list (1,4,8) profiles one window per size "
                    "from one server, named NAME-bsB")
-@click.option("--warmup", type=int, default=3, show_default=True, help="warm-up rounds before timing")
-@click.option("--trials", type=int, default=5, show_default=True, help="unprofiled timing rounds")
-@click.option("--steps", type=int, default=20, show_default=True, help="forward steps inside the profiled window")
+@click.option("--warmup", type=click.IntRange(min=0), default=3, show_default=True, help="warm-up rounds before timing")
+@click.option("--trials", type=click.IntRange(min=1), default=5, show_default=True, help="unprofiled timing rounds")
+@click.option("--steps", type=click.IntRange(min=1), default=20, show_default=True,
+              help="forward steps inside the profiled window")
 @click.option("--workload", type=click.Choice(["moe-decode"]), help="built-in PyTorch MoE decode workload")
 @click.option("--mode", type=click.Choice(["eager", "graph"]), default="eager", show_default=True,
               help="workload: eager launches or CUDA graph replay")
@@ -74,7 +78,8 @@ def _echo(message: str) -> None:
               help="workload: per-expert loop or grouped expert kernels")
 @click.option("--graph-window", type=click.Choice(["after", "before"]), default="after", show_default=True,
               help="workload --mode graph: open the window after the graph capture, or before it")
-@click.option("--timeout", "timeout_s", type=float, default=None, help="workload/command: stop it after this many seconds")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="workload/command: stop it after this many seconds")
 @click.option("--finish", "finish_dir", type=click.Path(exists=True, path_type=Path), metavar="DIR",
               help="finish a capture (NAME.qdstrm where nsys had no importer, or NAME.nsys-rep): import, export, "
                    "measure the profiled ms/token in the capture, check")
@@ -142,17 +147,21 @@ def _print_check(run: dict) -> None:
 @click.option("--format", "fmt", type=FORMATS, default="table", show_default=True)
 @click.option("--twin", type=click.Path(path_type=Path), metavar="CAPTURE",
               help="an eager or torch-profiler capture of the same decode: kernels per step must agree")
-def check(capture_path, fmt, twin):
+@output_options()
+def check(capture_path, fmt, twin, output, force):
     """Is a capture trustworthy? Backend kernels present (and no other backend's), graph replays traced per node,
     every tensor-parallel device present, no first-call outliers in the window, profiler overhead, steps counted vs
     requested, NVTX recorded. CAPTURE is a capture folder, NAME.run.json, NAME.sqlite or NAME.nsys-rep.
 
     Exit status 1 when any check fails."""
+    given = [capture_path, twin]
+    if output:
+        check_output(output, force, given)
     cap, findings = check_capture(capture_path, twin=twin)
     if fmt == "json":
-        click.echo(json.dumps(to_json(findings, cap), indent=2))
+        emit(json.dumps(clean_tree(to_json(findings, cap)), indent=2), output, force, given)
     else:
-        click.echo(render_table(findings))
+        emit(render_table(findings), output, force, given)
     sys.exit(1 if overall(findings) == FAIL else 0)
 
 

@@ -4,6 +4,7 @@ skipped)."""
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,9 +30,12 @@ class Capture:
 
 def load_run(path: Path) -> dict:
     """A run.json written by `profattr capture`; ProfattrError when it is not one."""
+    from profattr import inputs
+
+    text = inputs.read_text(path, "a run.json (NAME.run.json, written by `profattr capture`)")
     try:
-        run = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
+        run = json.loads(text)
+    except (ValueError, RecursionError) as exc:
         raise ProfattrError(f"{path}: not a readable run.json ({exc})") from None
     if not isinstance(run, dict) or not str(run.get("schema", "")).startswith("profattr.run/"):
         raise ProfattrError(f"{path}: not a profattr run file (schema profattr.run/1 expected)")
@@ -58,10 +62,10 @@ def _capture_of_run(run_path: Path, run: dict) -> Path | None:
 
 def locate(path) -> Capture:
     """Resolve a folder, NAME.run.json, NAME.sqlite, NAME.nsys-rep or a trace to the capture and run.json."""
+    from profattr import inputs
+
     path = Path(path)
-    if not path.exists():
-        raise ProfattrError(f"{path}: no such file or folder")
-    if path.is_dir():
+    if inputs.file_or_folder(path, "a capture (folder, NAME.run.json, NAME.sqlite or NAME.nsys-rep)") == "folder":
         runs = sorted(path.glob("*.run.json"))
         if len(runs) == 1:
             return locate(runs[0])
@@ -89,7 +93,7 @@ def locate(path) -> Capture:
             name = name[: -len(suffix)]
             break
     run_path = path.with_name(name + ".run.json")
-    if not run_path.exists() and "-TP-" in name:
+    if not os.path.lexists(run_path) and "-TP-" in name:
         run_path = path.with_name(name.rsplit("-TP-", 1)[0] + ".run.json")
-    run = load_run(run_path) if run_path.exists() else None
+    run = load_run(run_path) if os.path.lexists(run_path) else None
     return Capture(path, run, run_path if run else None)

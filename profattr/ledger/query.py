@@ -89,6 +89,8 @@ def budget_dict(db, entry: dict) -> dict:
         "nvtx_context": entry["nvtx_context"],
         "devices": devices,
     }
+    if entry.get("skipped_rows"):
+        budget["capture"]["skipped_rows"] = _loads(entry["skipped_rows"])
     if entry["nvtx_placement"] is not None:
         budget["nvtx_placement"] = _loads(entry["nvtx_placement"])
     if entry["comm_summary"] is not None:

@@ -207,6 +207,8 @@ def insert_entry(db, item: Pending, steps: str, rules: Sequence, taxonomy: str, 
         "run_json_path": str(item.run_path.resolve()) if item.run_path else None,
     }
     entry.update(run_facts(item.run))
+    if b.skipped_rows and "skipped_rows" in db["entries"].columns_dict:  # ledgers made before lack the column
+        entry["skipped_rows"] = _json(b.skipped_rows)
     entry_id = db["entries"].insert(entry).last_pk
     if item.run:
         db["gpus"].insert_all(gpu_rows(entry_id, item.run))

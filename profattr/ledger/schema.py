@@ -38,6 +38,9 @@ TABLES = {
         "backend_requested": str, "backend_resolved": str, "backend_json": str, "server_resolved": str,
         "tp": int, "batch": int, "server_args": str,
         "ms_per_token_unprofiled": float, "ms_per_token_profiled": float,
+        # rows the capture's reader skipped as damaged (JSON, the budget's capture.skipped_rows; NULL: none, or a
+        # ledger made before profattr counted them)
+        "skipped_rows": str,
     }, "id", [], [(("label",), True), (("capture_sha256", "steps_spec", "rules_sha256"), True)]),
     "gpus": ({
         "entry_id": int, "position": int, "gpu_index": int, "name": str, "driver_version": str,
@@ -130,14 +133,18 @@ def open_ledger(path, missing_ok: bool = False):
     """The ledger at `path` as a sqlite_utils.Database, checked to be a `profattr.ledger/1` this profattr reads.
 
     A missing or empty file is None with `missing_ok` (a ledger not started yet), else a ProfattrError."""
+    from profattr import inputs
+
     path = Path(path)
     if path.is_dir():
         raise ProfattrError(f"{path}: is a folder; give the ledger's file (e.g. {path / 'ledger.db'})")
-    if not path.exists() or path.stat().st_size == 0:
+    if not os.path.lexists(path) or (inputs.is_regular_file(path) and path.stat().st_size == 0):
         if missing_ok:
             return None
         raise ProfattrError(f"{path}: no ledger here yet; start one with `profattr ledger add CAPTURE --ledger "
                             f"{path}`")
+    inputs.regular_file(path, "a profattr ledger (SQLite)", folder_hint=f"give the ledger's file (e.g. "
+                                                                         f"{path / 'ledger.db'})")
     with path.open("rb") as fh:
         if fh.read(len(SQLITE_MAGIC)) != SQLITE_MAGIC:
             raise ProfattrError(f"{path}: not a profattr ledger (not a SQLite file)")
@@ -169,9 +176,14 @@ def check_schema(db, path) -> None:
 
 def create_ledger(path):
     """A new, empty database file at `path` (its tables are made by `create_tables`, inside the first write)."""
+    from profattr.outputs import ensure_folder
+
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return _database(path)
+    ensure_folder(path.parent)
+    try:
+        return _database(path)
+    except sqlite3.Error as exc:
+        raise ProfattrError(f"{path}: cannot create the ledger ({exc})") from None
 
 
 def create_tables(db, created_utc: str, profattr_version: str) -> None:

@@ -9,10 +9,8 @@ import click
 
 from profattr.errors import ProfattrError
 from profattr.limits.model import DEFAULT_CONTEXT_LEN
-
-
-def _emit(text: str) -> None:
-    click.echo(text.rstrip("\n"))
+from profattr.outputs import atomic_path, check_output, emit, output_options
+from profattr.text import clean_tree
 
 
 @click.command("limit")
@@ -22,19 +20,21 @@ def _emit(text: str) -> None:
               help="Quantization scheme: nvfp4 (routed experts NVFP4, rest BF16), nvfp4-ffn, nvfp4-modelopt, "
                    "nvfp4-fp8, nvfp4-all, fp8, bf16. Required with a config.json; overrides a preset's.")
 @click.option("--hardware", "-H", "hardware", required=True, help="GPU preset, e.g. rtx-pro-6000-ws, h200, b200.")
-@click.option("--tp", type=int, default=1, show_default=True, help="Tensor-parallel size (GPUs).")
-@click.option("--context", "context_len", type=int, default=DEFAULT_CONTEXT_LEN, show_default=True,
+@click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True, help="Tensor-parallel size (GPUs).")
+@click.option("--context", "context_len", type=click.IntRange(min=1), default=DEFAULT_CONTEXT_LEN, show_default=True,
               help="Tokens in the KV cache when the token is decoded.")
 @click.option("--allreduce", type=click.Choice(["oneshot", "nccl"]), default="oneshot", show_default=True,
               help="All-reduce implementation for the realistic floor.")
 @click.option("--launch", type=click.Choice(["graph", "eager"]), default="graph", show_default=True,
               help="CUDA-graph replay or eager launches for the realistic floor.")
-@click.option("--kernels", type=int, default=None, help="Kernels per decode step (default: preset or estimate).")
+@click.option("--kernels", type=click.IntRange(min=0), default=None,
+              help="Kernels per decode step (default: preset or estimate).")
 @click.option("--dsa/--no-dsa", "dsa_runs", default=None,
               help="Whether the DSA indexer runs (default: as the engine does on this hardware).")
 @click.option("--kv-dtype", type=click.Choice(["bf16", "fp8"]), default="bf16", show_default=True)
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
-def limit(model, quant, hardware, tp, context_len, allreduce, launch, kernels, dsa_runs, kv_dtype, fmt):
+@output_options()
+def limit(model, quant, hardware, tp, context_len, allreduce, launch, kernels, dsa_runs, kv_dtype, fmt, output, force):
     """The decode floor of MODEL on HARDWARE: weights-only and realistic, with their assumptions.
 
     The weights-only floor reads every active weight once, split evenly over the GPUs, at peak bandwidth.
@@ -46,13 +46,17 @@ def limit(model, quant, hardware, tp, context_len, allreduce, launch, kernels, d
     from profattr.limits.model import load_model
     from profattr.limits.render import render_limit_table
 
+    given = [model]
+    if output:
+        check_output(output, force, given)
     hw = load_hardware(hardware)
     spec = load_model(model, tp=tp, quant=quant, context_len=context_len,
                       dsa_runs=hw.dsa_runs if dsa_runs is None else dsa_runs, kv_dtype=kv_dtype)
     if kernels is not None and kernels < 0:
         raise ProfattrError(f"--kernels must be 0 or more (got {kernels})")
     result = compute_limit(spec, hw, allreduce=allreduce, launch=launch, kernels=kernels)
-    _emit(json.dumps(result, indent=2) if fmt == "json" else render_limit_table(result))
+    text = json.dumps(clean_tree(result), indent=2) if fmt == "json" else render_limit_table(clean_tree(result))
+    emit(text.rstrip("\n"), output, force, given)
 
 
 def _gap_model(capture: Path, model: Optional[str], quant, tp, context_len, run_json, n_devices, hw, kv_dtype):
@@ -94,8 +98,9 @@ def _gap_model(capture: Path, model: Optional[str], quant, tp, context_len, run_
 @click.option("--quant", default=None, help="Quantization scheme with a config.json (see `profattr limit`).")
 @click.option("--hardware", "-H", "hardware", default=None,
               help="GPU preset (default: matched from the capture's GPU name).")
-@click.option("--tp", type=int, default=None, help="Tensor-parallel size (default: run.json, else GPU count).")
-@click.option("--context", "context_len", type=int, default=None,
+@click.option("--tp", type=click.IntRange(min=1), default=None,
+              help="Tensor-parallel size (default: run.json, else GPU count).")
+@click.option("--context", "context_len", type=click.IntRange(min=1), default=None,
               help=f"Tokens in the KV cache (default: run.json, else {DEFAULT_CONTEXT_LEN}).")
 @click.option("--run-json", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Run metadata to take the workload from (default: NAME.run.json beside the capture).")
@@ -107,18 +112,24 @@ def _gap_model(capture: Path, model: Optional[str], quant, tp, context_len, run_
               help="Compare against peak or achievable memory bandwidth.")
 @click.option("--chart", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Write a PNG waterfall chart here.")
-@click.option("--force", is_flag=True, help="Overwrite the chart if it exists.")
+@click.option("--force", is_flag=True, help="Replace the chart and the -o file when they exist.")
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "markdown"]), default="table",
               show_default=True)
+@output_options(force=False)
 def gap(capture, model, quant, hardware, tp, context_len, run_json, kv_dtype, steps, rules, bandwidth, chart, force,
-        fmt):
+        fmt, output):
     """How far CAPTURE is from the hardware limit, per category, as a waterfall from floor to measured step."""
     from profattr.limits.gap import compute_gap
     from profattr.limits.hardware import hardware_presets, load_hardware, match_hardware, read_capture_gpus
     from profattr.limits.render import render_gap_markdown, render_gap_table
 
-    if chart is not None and chart.exists() and not force:
-        raise ProfattrError(f"{chart} exists; pass --force to overwrite it")
+    given = [capture, run_json, model, *rules]
+    if chart is not None:
+        check_output(chart, force, given, "the chart")
+    if output:
+        check_output(output, force, given)
+    if chart is not None and output and str(chart) == str(output):
+        raise ProfattrError(f"--chart and -o name the same file {chart}; give two files")
     try:
         from profattr.attribute.budget import compute_budget
         from profattr.trace.reader import resolve_capture
@@ -142,10 +153,12 @@ def gap(capture, model, quant, hardware, tp, context_len, run_json, kv_dtype, st
     if chart is not None:
         from profattr.limits.chart import write_gap_chart
 
-        write_gap_chart(result, chart)
+        with atomic_path(chart, force, given, "the chart") as tmp:
+            write_gap_chart(result, tmp)
     if fmt == "json":
-        _emit(json.dumps(result, indent=2))
+        text = json.dumps(clean_tree(result), indent=2)
     elif fmt == "markdown":
-        _emit(render_gap_markdown(result))
+        text = render_gap_markdown(result)
     else:
-        _emit(render_gap_table(result))
+        text = render_gap_table(clean_tree(result))
+    emit(text.rstrip("\n"), output, force, given)

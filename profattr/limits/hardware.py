@@ -147,8 +147,9 @@ def match_hardware(device_name: str) -> Optional[str]:
 def read_capture_gpus(path: Path) -> Dict[Any, Dict[str, Any]]:
     """TARGET_INFO_GPU rows of an nsys SQLite export, by device id; {} when the table is absent."""
     try:
-        conn = sqlite3.connect(f"file:{Path(path)}?mode=ro", uri=True)
-    except sqlite3.Error:
+        # read-only and immutable, as every capture is opened (trace/reader.py): nothing is created beside it
+        conn = sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro&immutable=1", uri=True)
+    except (sqlite3.Error, OSError, ValueError):
         return {}
     try:
         tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}

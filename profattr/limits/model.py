@@ -7,6 +7,7 @@ gap.py) reads only ModelSpec.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
@@ -248,13 +249,15 @@ def load_config(path: Path) -> Dict[str, Any]:
     path = Path(path)
     if path.is_dir():
         path = path / "config.json"
-    try:
-        with open(path, encoding="utf-8") as handle:
-            config = json.load(handle)
-    except FileNotFoundError:
+    from profattr import inputs
+
+    if not os.path.lexists(path):
         raise ProfattrError(f"{path}: no such file; pass a preset ({', '.join(model_presets())}) "
-                            "or a Hugging Face config.json") from None
-    except (OSError, ValueError) as exc:
+                            "or a Hugging Face config.json")
+    text = inputs.read_text(path, "a Hugging Face config.json")
+    try:
+        config = json.loads(text)
+    except (ValueError, RecursionError) as exc:
         raise ProfattrError(f"{path}: cannot read it as JSON ({exc}); pass a Hugging Face config.json") from None
     if not isinstance(config, dict):
         raise ProfattrError(f"{path}: expected a JSON object (a Hugging Face config.json)")

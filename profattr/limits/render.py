@@ -36,6 +36,9 @@ def _table(headers: Sequence[str], rows: List[Sequence[str]]) -> str:
 
 def render_limit_table(limit: Dict[str, Any]) -> str:
     """The limit JSON as text: both floors' terms, their assumptions and the sensitivity table."""
+    from profattr.text import clean_tree
+
+    limit = clean_tree(limit)
     model, hw = limit["model"], limit["hardware"]
     out = [f"{model['name']} on {hw['name']}, tp {model['tp']}, context {model['context_len']} tokens"]
     for floor, label in (("weights_only", "Weights-only floor"), ("realistic", "Realistic floor")):
@@ -56,6 +59,9 @@ def render_limit_table(limit: Dict[str, Any]) -> str:
 
 def render_gap_table(gap: Dict[str, Any]) -> str:
     """The gap JSON as text, one block per device."""
+    from profattr.text import clean_tree
+
+    gap = clean_tree(gap)
     out = []
     for dev in gap["devices"]:
         out.append(f"device {dev['device']}: measured {dev['measured_step_ms']:.3f} ms/step, floor "

@@ -11,6 +11,7 @@ model) and `kv_cache_bytes_read_per_step`.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -41,12 +42,14 @@ def served_defaults(run: Dict[str, Any]) -> Dict[str, Any]:
 
 def load_run_json(path: Path) -> Dict[str, Any]:
     """Parsed run.json (a JSON object)."""
+    from profattr import inputs
+
+    if not os.path.lexists(path):
+        raise ProfattrError(f"{path}: no such file; pass --run-json or --model")
+    text = inputs.read_text(path, "a run.json (NAME.run.json, written by `profattr capture`)")
     try:
-        with open(path, encoding="utf-8") as handle:
-            data = json.load(handle)
-    except FileNotFoundError:
-        raise ProfattrError(f"{path}: no such file; pass --run-json or --model") from None
-    except (OSError, ValueError) as exc:
+        data = json.loads(text)
+    except (ValueError, RecursionError) as exc:
         raise ProfattrError(f"{path}: cannot read it as JSON ({exc})") from None
     if not isinstance(data, dict):
         raise ProfattrError(f"{path}: expected a JSON object (profattr.run/1)")

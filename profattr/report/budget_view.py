@@ -1,10 +1,12 @@
-"""Render a budget (the `profattr.budget/1` dict) as a table for a person, CSV, or markdown."""
+"""Render a budget (the `profattr.budget/1` dict) as a table for a person, CSV, or markdown. Every renderer cleans
+the strings it is given first (text.clean_tree: no control character from a kernel name or NVTX text gets out)."""
 from __future__ import annotations
 
 import csv
 import io
 
 from profattr.report.escape import md_escape
+from profattr.text import clean_tree
 
 TOP_KERNELS = 15
 
@@ -45,6 +47,7 @@ def capture_tool(cap: dict) -> str:
 
 
 def render_table(budget: dict, top: int = TOP_KERNELS) -> str:
+    budget = clean_tree(budget)
     lines = []
     cap = budget["capture"]
     steps = budget["steps"]
@@ -101,6 +104,7 @@ def _short(name: str, width: int = 90) -> str:
 
 
 def render_csv(budget: dict) -> str:
+    budget = clean_tree(budget)
     buf = io.StringIO()
     w = csv.writer(buf)
     w.writerow(["device", "row", "category", "name", "ms_per_step", "count_per_step"])
@@ -125,6 +129,7 @@ def render_csv(budget: dict) -> str:
 
 
 def render_markdown(budget: dict, top: int = TOP_KERNELS) -> str:
+    budget = clean_tree(budget)
     out = []
     steps = budget["steps"]
     out.append(f"Steps: `{md_escape(steps['source'])}` x{steps['count']} ({md_escape(steps.get('reason', ''))})")

@@ -107,19 +107,24 @@ def write_campaign_report(entries: Sequence[dict], ledger: str, out_dir: Path, c
     from profattr import __version__
     from profattr.report.markdown import code_block
 
+    from profattr.outputs import atomic_path, check_output, ensure_folder, write_text
+
     targets = [out_dir / REPORT_FILE, out_dir / CAMPAIGN_CHART]
     existing = [p for p in targets if p.exists()]
     if existing and not force:
         raise ProfattrError(f"{existing[0]} exists; pass --force to overwrite the report in {out_dir}")
-    out_dir.mkdir(parents=True, exist_ok=True)
+    for target in targets:
+        check_output(target, force, [ledger], "the report")
+    ensure_folder(out_dir)
     chart = None
     if entries:
-        write_campaign_chart(entries, targets[1])
+        with atomic_path(targets[1], force, [ledger], "the report") as tmp:
+            write_campaign_chart(entries, tmp)
         chart = CAMPAIGN_CHART
     lines = [f"# Campaign report: {md_escape(Path(ledger).name)}", "",
              f"Written by profattr {md_escape(__version__)} from the budgets stored in the ledger, per decode step and "
              "per GPU.", ""]
     lines += campaign_lines(entries, chart, ledger)
     lines += ["## Reproducibility", "", "This report was written by:", ""] + code_block(command, "sh")
-    (out_dir / REPORT_FILE).write_text("\n".join(lines).rstrip("\n") + "\n", encoding="utf-8")
+    write_text(out_dir / REPORT_FILE, "\n".join(lines).rstrip("\n") + "\n", force, [ledger], "the report")
     return targets if chart else targets[:1]

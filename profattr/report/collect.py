@@ -99,12 +99,14 @@ def read_run(path: Path):
     """(run dict or None, run.json path shown, note)."""
     from profattr.trace.reader import run_json_path
 
+    from profattr import inputs
+
     run_path = run_json_path(path)
-    if not run_path.exists():
+    if not inputs.is_regular_file(run_path):
         return None, None, f"no {run_path.name} beside the capture: commands, versions and lint are unknown"
     try:
-        run = json.loads(run_path.read_text())
-    except (OSError, ValueError) as exc:
+        run = json.loads(inputs.read_text(run_path, "a run.json"))
+    except (ProfattrError, ValueError, RecursionError) as exc:
         return None, str(run_path), f"{run_path.name} is not readable JSON ({exc})"
     if not isinstance(run, dict):
         return None, str(run_path), f"{run_path.name} is not a JSON object"

@@ -9,6 +9,7 @@ import click
 
 from profattr.attribute.commands import cache_option, rules_option, steps_option
 from profattr.errors import ProfattrError
+from profattr.outputs import atomic_path, check_output, ensure_folder, write_text
 from profattr.report.campaign import CAMPAIGN_CHART
 
 REPORT_FILE = "report.md"
@@ -50,22 +51,32 @@ def write_report(data, out_dir: Path, force: bool = False) -> list:
 
     files = output_files(data)
     targets = [out_dir / REPORT_FILE] + [out_dir / f for f in files.values()]
-    existing = [p for p in targets if p.exists()]
-    if existing and not force:
-        raise ProfattrError(f"{existing[0]} exists; pass --force to overwrite the report in {out_dir}")
-    out_dir.mkdir(parents=True, exist_ok=True)
+    for target in targets:  # every file first: a refused report writes nothing
+        _check_target(target, out_dir, force)
+    ensure_folder(out_dir)
     inputs = [c.as_input() for c in data.captures]
-    charts.write_category_chart(inputs, out_dir / files["categories"])
-    charts.write_launch_chart(inputs, out_dir / files["launches"])
+    with atomic_path(out_dir / files["categories"], force) as tmp:
+        charts.write_category_chart(inputs, tmp)
+    with atomic_path(out_dir / files["launches"], force) as tmp:
+        charts.write_launch_chart(inputs, tmp)
     if "campaign" in files:
-        write_campaign_chart(data.campaign, out_dir / files["campaign"])
+        with atomic_path(out_dir / files["campaign"], force) as tmp:
+            write_campaign_chart(data.campaign, tmp)
     for cap in data.captures:
         role = f"gap:{cap.label}"
         if role in files:
-            write_gap_chart(cap.gap, out_dir / files[role])
+            with atomic_path(out_dir / files[role], force) as tmp:
+                write_gap_chart(cap.gap, tmp)
     data.charts = files
-    (out_dir / REPORT_FILE).write_text(render_report(data), encoding="utf-8")
+    write_text(out_dir / REPORT_FILE, render_report(data), force, newline=False)
     return targets
+
+
+def _check_target(target: Path, out_dir: Path, force: bool, given=()) -> None:
+    """One file of the report under the output policy (outputs.py), with the report's own message for --force."""
+    if target.exists() and not force and not target.is_dir():
+        raise ProfattrError(f"{target} exists; pass --force to overwrite the report in {out_dir}")
+    check_output(target, force, given, "the report")
 
 
 def _command_line(captures, output, steps, rules, hardware, labels, samples, changed, mappings=(),
@@ -162,11 +173,14 @@ def report(captures, output, steps, skip_steps, rules, hardware, labels, changed
 
     if not captures and ledger_path is None:
         raise ProfattrError("give one or more CAPTURES, or --ledger PATH for the campaign report of a ledger")
-    if not force:  # fail before the slow part (gap charts, named after captures, are checked when known)
-        names = (REPORT_FILE, CATEGORY_CHART, LAUNCH_CHART) if captures else (REPORT_FILE,)
-        for name in names + ((CAMPAIGN_CHART,) if ledger_path is not None else ()):
-            if (output / name).exists():
-                raise ProfattrError(f"{output / name} exists; pass --force to overwrite the report in {output}")
+    # fail before the slow part (gap charts, named after captures, are checked when known)
+    given = [*captures, ledger_path, *rules, *(m.partition("=")[2] for m in mappings),
+             *(d.partition("=")[2] or d for d in drills)]
+    if output.exists() and not output.is_dir():
+        raise ProfattrError(f"{output} exists and is not a folder; give -o a folder for report.md and its charts")
+    names = (REPORT_FILE, CATEGORY_CHART, LAUNCH_CHART) if captures else (REPORT_FILE,)
+    for name in names + ((CAMPAIGN_CHART,) if ledger_path is not None else ()):
+        _check_target(output / name, output, force, given)
     label_list = [x.strip() for x in labels.split(",")] if labels else None
     if label_list is not None and not all(label_list):
         raise ProfattrError(f"--labels {labels!r}: a label is empty; give one non-empty name per capture")

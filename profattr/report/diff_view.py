@@ -4,6 +4,7 @@ from __future__ import annotations
 from profattr.attribute.confounds import describe
 from profattr.report.budget_view import layer_name
 from profattr.report.escape import md_escape
+from profattr.text import clean_tree
 
 
 def _ci(ci) -> str:
@@ -45,6 +46,7 @@ def family_note(c: dict) -> str:
 
 
 def render_table(diff: dict) -> str:
+    diff = clean_tree(diff)
     lines = [f"A: {diff['a']['path']}", f"B: {diff['b']['path']}"]
     for w in diff.get("warnings", []):
         lines.append(f"WARNING: {w}")
@@ -85,6 +87,7 @@ def render_table(diff: dict) -> str:
 
 
 def render_markdown(diff: dict, a_label: str = "A", b_label: str = "B") -> str:
+    diff = clean_tree(diff)
     out = []
     for w in diff.get("warnings", []):
         out.append(f"> **Warning:** {md_escape(w)}")

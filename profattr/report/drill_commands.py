@@ -9,6 +9,8 @@ import click
 
 from profattr.attribute.commands import rules_option
 from profattr.errors import ProfattrError
+from profattr.outputs import check_output, emit, output_options
+from profattr.text import clean_tree
 
 
 def _capture_for(csv_path: Path, given):
@@ -20,15 +22,19 @@ def _capture_for(csv_path: Path, given):
     if given is None:
         of = ((drill_run_of(csv_path) or {}).get("drill") or {}).get("of") or ""
         sqlite = csv_path.with_name(of[: -len(".run.json")] + ".sqlite") if of.endswith(".run.json") else None
-        if sqlite is None or not sqlite.is_file():
+        from profattr.inputs import is_regular_file
+
+        if sqlite is None or not is_regular_file(sqlite):
             return None, None
         given = sqlite
     given = Path(given)
     budget = compute_budget(given).to_dict()
     run_path = given.with_name(given.name.rsplit(".", 1)[0] + ".run.json")
+    from profattr import inputs
+
     try:
-        run = json.loads(run_path.read_text()) if run_path.is_file() else None
-    except (OSError, ValueError):
+        run = json.loads(inputs.read_text(run_path, "a run.json")) if inputs.is_regular_file(run_path) else None
+    except (ProfattrError, ValueError, RecursionError):
         run = None
     return budget, run if isinstance(run, dict) else None
 
@@ -43,7 +49,8 @@ def _capture_for(csv_path: Path, given):
               show_default=True)
 @click.option("--accept-partial", is_flag=True,
               help="Exit 0 for a drill that did not finish (default: its kept launches are shown, then exit 2).")
-def drill_report(csv_path, capture, rules, fmt, accept_partial):
+@output_options()
+def drill_report(csv_path, capture, rules, fmt, accept_partial, output, force):
     """Why the kernels of an Nsight Compute drill are slow: per launch and per kernel family (same kernel, grid and
     block) the grid against the GPU's SMs, DRAM and SM throughput, occupancy and a verdict (memory-bound near peak,
     compute-bound, too few CTAs for the GPU, latency-bound) with the numbers behind it; per category the DRAM
@@ -56,8 +63,12 @@ def drill_report(csv_path, capture, rules, fmt, accept_partial):
     from profattr.report import why_slow
     from profattr.trace.ncu_csv import NoKernelsError
 
-    if not csv_path.is_file():
-        raise ProfattrError(f"{csv_path}: no such file")
+    from profattr import inputs
+
+    inputs.regular_file(csv_path, "an ncu raw CSV (NAME.ncu.csv, written by `profattr drill`)")
+    given = [csv_path, capture, *rules]
+    if output:
+        check_output(output, force, given)
     budget, run = _capture_for(csv_path, capture)
     try:
         analysis = why_slow.analyse_csv(csv_path, budget, run, rules).to_dict()
@@ -66,12 +77,14 @@ def drill_report(csv_path, capture, rules, fmt, accept_partial):
         if names and "top kernels" not in exc.format_message():
             raise ProfattrError(f"{exc.format_message()}; the capture's top kernels are {', '.join(names)}") from None
         raise
+    analysis = clean_tree(analysis)
     if fmt == "json":
-        click.echo(json.dumps(analysis, indent=2))
+        text = json.dumps(analysis, indent=2)
     elif fmt == "markdown":
-        click.echo("\n".join(why_slow.render_markdown(analysis, "##")).rstrip("\n"))
+        text = "\n".join(why_slow.render_markdown(analysis, "##")).rstrip("\n")
     else:
-        click.echo(why_slow.render_table(analysis))
+        text = why_slow.render_table(analysis)
+    emit(text, output, force, given)
     drill = analysis["drill"]
     if drill.get("complete") is False and not accept_partial:
         raise ProfattrError(f"{csv_path.name}: {drill['notes'][0]}; the report above covers those launches only "

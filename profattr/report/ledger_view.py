@@ -1,7 +1,7 @@
 """Render what `profattr ledger` reads (ledger/query.py results) as a table for a person, CSV, or markdown.
 
-Strings from captures and users (labels, kernel and category names, paths, server flags) are printed as stored:
-as-is in the table and CSV, through `md_escape` in markdown.
+Strings from captures and users (labels, kernel and category names, paths, server flags) are printed as stored,
+without their control characters (text.clean_tree), and through `md_escape` in markdown.
 """
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import io
 
 from profattr.report import budget_view, diff_view
 from profattr.report.escape import md_escape
+from profattr.text import clean_tree
 
 
 def _cell(value, digits: int = 3) -> str:
@@ -22,6 +23,7 @@ def _cell(value, digits: int = 3) -> str:
 
 def render_rows(rows: list, columns: list, fmt: str) -> str:
     """`rows` (dicts) as an aligned text table, CSV (raw values) or a markdown table; `columns`: (key, header)."""
+    rows = clean_tree(rows)
     if fmt == "csv":
         buf = io.StringIO()
         w = csv.writer(buf, lineterminator="\n")
@@ -91,6 +93,7 @@ def _facts(shown: dict) -> list:
 
 def show_view(shown: dict, fmt: str) -> str:
     """`ledger show`: the entry's facts, then its budget as `profattr budget` renders it (CSV: the budget only)."""
+    shown = clean_tree(shown)
     if fmt == "csv":
         return budget_view.render_csv(shown["budget"]).rstrip("\n")
     facts = _facts(shown)
@@ -115,6 +118,7 @@ def trend_view(rows: list, fmt: str) -> str:
 
 def compare_view(diff: dict, fmt: str) -> str:
     """`ledger compare`: as `profattr diff` renders it; CSV: one row per GPU and component."""
+    diff = clean_tree(diff)
     if fmt == "markdown":
         return diff_view.render_markdown(diff, a_label=diff["a"]["label"], b_label=diff["b"]["label"])
     if fmt != "csv":

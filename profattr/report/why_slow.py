@@ -15,6 +15,7 @@ from profattr.attribute.kernel_bounds import THRESHOLDS, analyse_drill
 from profattr.errors import ProfattrError
 from profattr.limits import kernel_floor
 from profattr.report.escape import md_escape
+from profattr.text import clean_tree
 from profattr.taxonomy.classify import load_rules
 from profattr.trace.ncu_csv import load_drill_run, read_ncu_csv
 
@@ -278,6 +279,7 @@ def _text_table(headers: list, rows: list) -> list:
 
 def render_table(a: dict) -> str:
     """`profattr drill-report --format table`."""
+    a = clean_tree(a)
     lines = [f"drill: {a['csv']}"]
     lines += [f"  {x}" for x in header_lines(a)]
     lines += ["", "launches:"] + ["  " + x for x in _text_table(KERNEL_HEADERS, kernel_rows(a))]

@@ -20,6 +20,10 @@ names with ``--rules``. A rules file holds::
     priority = 240                  # optional: overrides the file's priority
     note = "..."                    # optional
 
+User patterns (``pattern`` and ``nvtx`` of files given with ``--rules``) are bounded when loaded: a pattern that
+backtracks catastrophically is refused with its file:line (profattr/regexguard.py). Kernel names and NVTX text are
+matched on their first ``regexguard.MAX_MATCH_CHARS`` (4096) characters.
+
 Matching is deterministic, first match wins: user rules before shipped rules; within each, rules with an
 ``nvtx`` condition before plain rules; then by priority, file name and position in the file. Callers work
 out which ``nvtx`` patterns an enclosing NVTX range matches (``RuleSet.contexts_for``) and pass that set
@@ -40,6 +44,7 @@ else:  # pragma: no cover - exercised on Python < 3.11 only
     import tomli as tomllib
 
 from profattr.errors import ProfattrError
+from profattr.regexguard import capped, compile_user
 
 RULES_DIR = Path(__file__).with_name("rules")
 UNCLASSIFIED = "unclassified"
@@ -101,7 +106,7 @@ class RuleSet:
 
     def contexts_for(self, range_names: Iterable[str]) -> frozenset[str]:
         """The ``nvtx`` patterns that at least one of ``range_names`` (enclosing NVTX ranges) matches."""
-        names = [n for n in range_names if n]
+        names = [capped(n) for n in range_names if n]
         return frozenset(p for p, rx in self._context_regexes if any(rx.search(n) for n in names))
 
     def match(self, name: str, contexts: Iterable[str] = frozenset(), short: Optional[str] = None) -> Optional[Rule]:
@@ -115,9 +120,9 @@ class RuleSet:
             return self._cache[key]
         except KeyError:
             pass
-        rule = self._first(name or "", ctx)
+        rule = self._first(capped(name or ""), ctx)
         if rule is None and short and short != name:
-            rule = self._first(short, ctx)
+            rule = self._first(capped(short), ctx)
         self._cache[key] = rule
         return rule
 
@@ -223,8 +228,15 @@ def _shipped() -> tuple[tuple[Rule, ...], dict[str, Category]]:
 
 
 def _read_file(path: Path, user: bool, file_index: int) -> tuple[tuple[_RawRule, ...], list[Category]]:
+    if user:
+        from profattr import inputs
+
+        try:
+            inputs.regular_file(path, "a rules file (TOML)")
+        except ProfattrError as exc:
+            raise ProfattrError(f"cannot read rules file {exc.format_message()}") from None
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_bytes().decode("utf-8")
     except OSError as exc:
         raise ProfattrError(f"cannot read rules file {path}: {exc.strerror or exc}; check the path") from None
     except UnicodeDecodeError:
@@ -334,20 +346,30 @@ def _build_rule(raw: _RawRule, categories: dict[str, Category]) -> Rule:
     if not isinstance(priority, int) or isinstance(priority, bool):
         raise ProfattrError(f"{where('priority')}: {label}: priority must be an integer, got {priority!r}")
 
-    regex = _compile(table["pattern"], where("pattern"), label, "pattern")
+    regex = _compile(table["pattern"], where("pattern"), label, "pattern", raw.user)
     nvtx = table.get("nvtx")
     if nvtx is not None:
         if not nvtx:
             raise ProfattrError(f"{where('nvtx')}: {label}: 'nvtx' must be a non-empty regex when present")
-        _compile(nvtx, where("nvtx"), label, "nvtx")
+        _compile(nvtx, where("nvtx"), label, "nvtx", raw.user)
     return Rule(id=rid, category=category, pattern=table["pattern"], family=table.get("family", "user"),
                 source=table.get("source", ""), evidence=evidence, nvtx=nvtx, priority=priority,
                 origin=raw.origin, user=raw.user, note=table.get("note", ""), regex=regex)
 
 
-def _compile(pattern: str, where: str, label: str, key: str) -> "re.Pattern[str]":
+def _compile(pattern: str, where: str, label: str, key: str, user: bool = False) -> "re.Pattern[str]":
+    if user:
+        try:
+            re.compile(pattern)
+        except (re.error, RecursionError, OverflowError, ValueError):
+            pass  # said below, as for a shipped rule
+        else:
+            return compile_user(pattern, f"{where}: {label}: '{key}'")
     try:
         return re.compile(pattern)
     except re.error as exc:
         raise ProfattrError(f"{where}: {label}: bad regex in '{key}' {pattern!r}: {exc.msg} at position {exc.pos}; "
                             "write a Python re pattern") from None
+    except (RecursionError, OverflowError, ValueError) as exc:
+        raise ProfattrError(f"{where}: {label}: bad regex in '{key}' {pattern!r}: {exc}; write a simpler pattern"
+                            ) from None

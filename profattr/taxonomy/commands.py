@@ -5,7 +5,9 @@ import json
 
 import click
 
+from profattr.outputs import check_output, emit, output_options
 from profattr.taxonomy.classify import load_rules
+from profattr.text import clean, clean_tree
 
 
 @click.command("classify")
@@ -16,12 +18,17 @@ from profattr.taxonomy.classify import load_rules
               help="Name of an NVTX range that encloses the kernels (e.g. model.layers.0.mlp.experts). Repeatable.")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True,
               help="table for people, json for tools (a list of {name, category, family, rule} in input order).")
-def classify(names, rules_files, nvtx_ranges, fmt):
-    """Classify kernel NAMEs (demangled, as nsys prints them). Use `-` to read one name per line from stdin."""
+@output_options()
+def classify(names, rules_files, nvtx_ranges, fmt, output, force):
+    """Classify kernel NAMEs (demangled, as nsys prints them). Use `-` to read one name per line from stdin
+    (UTF-8; an undecodable byte becomes U+FFFD)."""
+    given = list(rules_files)
+    if output:
+        check_output(output, force, given)
     kernel_names = []
     for name in names:
         if name == "-":
-            kernel_names.extend(line.rstrip("\r\n") for line in click.get_text_stream("stdin") if line.strip())
+            kernel_names.extend(line.rstrip("\r\n") for line in _stdin_lines() if line.strip())
         else:
             kernel_names.append(name)
 
@@ -36,10 +43,18 @@ def classify(names, rules_files, nvtx_ranges, fmt):
                      "rule": rule.id if rule else None})
 
     if fmt == "json":
-        click.echo(json.dumps(rows, indent=2))
+        emit(json.dumps(clean_tree(rows), indent=2), output, force, given)
         return
     headers = ("category", "family", "rule", "name")
-    cells = [[row[h] or "-" for h in headers] for row in rows]
+    cells = [[clean(row[h] or "-") for h in headers] for row in rows]
     widths = [max([len(h)] + [len(c[i]) for c in cells]) for i, h in enumerate(headers[:-1])]
-    for line in [list(headers)] + cells:
-        click.echo("  ".join(value.ljust(widths[i]) for i, value in enumerate(line[:-1])) + "  " + line[-1])
+    lines = ["  ".join(value.ljust(widths[i]) for i, value in enumerate(line[:-1])) + "  " + line[-1]
+             for line in [list(headers)] + cells]
+    emit("\n".join(lines), output, force, given)
+
+
+def _stdin_lines():
+    """Lines of stdin as text: UTF-8, with undecodable bytes replaced (names piped from anywhere)."""
+    stream = click.get_binary_stream("stdin")
+    for raw in stream:
+        yield raw.decode("utf-8", errors="replace")

@@ -12,7 +12,8 @@ What a trace holds (torch 2.x, CUPTI activities), and how it maps:
 - top level: `deviceProperties` (GPUs), `distributedInfo` (rank, world size), `baseTimeNanoseconds`, versions.
 Times: `ts` and `dur` are microseconds; ns = round(us * 1000). Ranks are told apart by file: file k's processes and
 threads get k in their high bits; the ranks of one run share the host clock, so their times line up.
-Events without the fields their kind needs are skipped and counted (`skipped`).
+Events without the fields their kind needs (or with values no capture holds: ids beyond 31 bits, times beyond 64)
+are skipped and counted (`skipped`); the arrays are then checked as every reader's are (trace/validate.py).
 """
 from __future__ import annotations
 
@@ -25,9 +26,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from profattr import inputs
 from profattr.errors import ProfattrError
 from profattr.trace.jsonstream import JSONStreamError, members
 from profattr.trace.ops import KIND_KERNEL, KIND_MEMCPY, KIND_MEMSET, Ops
+from profattr.trace.validate import INT31, TORCH_NAMES, Claims
 
 GPU_CATS = {"kernel": KIND_KERNEL, "gpu_memcpy": KIND_MEMCPY, "gpu_memset": KIND_MEMSET}
 API_CATS = ("cuda_runtime", "cuda_driver")
@@ -72,12 +75,18 @@ def short_name(demangled: str) -> str:
 
 def trace_files(path: Path) -> list:
     """The trace files of a capture path: the file itself, or a folder's *.json / *.json.gz files."""
-    if path.is_dir():
-        files = sorted(p for p in path.iterdir() if p.is_file() and p.name.endswith(TRACE_SUFFIXES))
+    if inputs.file_or_folder(path, "a torch-profiler trace or a folder of them") == "folder":
+        try:
+            # regular files only (is_file follows links and says no for FIFOs, sockets and devices)
+            files = sorted(p for p in path.iterdir() if p.name.endswith(TRACE_SUFFIXES) and p.is_file())
+        except OSError as exc:
+            raise ProfattrError(f"{path}: cannot list the folder ({exc.strerror or exc})") from None
         if not files:
             raise ProfattrError(f"{path}: a folder with no torch-profiler traces (*.json, *.json.gz) in it")
         if len(files) > MAX_FILES:
             raise ProfattrError(f"{path}: {len(files)} trace files; give at most {MAX_FILES} ranks")
+        for f in files:
+            inputs.remember(f)
         return files
     return [path]
 
@@ -89,7 +98,11 @@ class _Columns:
         self.cols = {n: array("q") for n in names}
 
     def add(self, *values):
-        for col, v in zip(self.cols.values(), values):
+        """One row; all of it or, when a value does not fit 64 bits (OverflowError), none of it."""
+        row = [int(v) for v in values]
+        if any(not -(1 << 63) <= v < (1 << 63) for v in row):
+            raise OverflowError("a value beyond 64 bits")
+        for col, v in zip(self.cols.values(), row):
             col.append(v)
 
     def arrays(self) -> dict:
@@ -122,6 +135,8 @@ class KinetoTrace:
         for index, f in enumerate(self.files):
             self._read(index, f)
         self._check_ranks()
+        self.claims = Claims(self.path, None, names=TORCH_NAMES, skipped={
+            "trace events": {**self.skipped, "rows": sum(self.skipped.values())}} if self.skipped else None)
         if not len(self._gpu.cols["start"]):
             raise ProfattrError(f"{self.path}: a torch-profiler trace without GPU events: it was profiled without "
                                 "GPU activity; capture with activities CPU and GPU (SGLang: /start_profile "
@@ -134,6 +149,7 @@ class KinetoTrace:
         self._api_arrays = self._api.arrays()
         self._range_arrays = self._ranges.arrays()
         del self._gpu, self._api, self._ranges
+        self.claims.window(self._gpu_arrays["start"])  # the time range, from the GPU work, before anything asks
 
     # --- reading ------------------------------------------------------------------------------------------------
     def _intern(self, name: str) -> int:
@@ -167,6 +183,8 @@ class KinetoTrace:
             raise ProfattrError(f"{path}: a truncated or damaged gzip file ({exc}); copy the trace again") from None
         except JSONStreamError as exc:
             raise ProfattrError(f"{path}: not a readable trace: {exc}") from None
+        except RecursionError:
+            raise ProfattrError(f"{path}: not a readable trace: JSON nested too deeply") from None
         except OSError as exc:
             raise ProfattrError(f"{path}: cannot read it ({exc.strerror or exc})") from None
         if not seen_events:
@@ -205,8 +223,11 @@ class KinetoTrace:
                         code = -1 - COPY_CODES.get(m.group(1), 0) if kind == KIND_MEMCPY and m else (
                             -100 if kind == KIND_MEMSET else -1)
                         grid = block = (0, 0, 0)
-                    gpu_add(start, start + round(float(ev["dur"]) * 1000), int(args["device"]),
-                            int(args.get("stream", ev.get("tid", 0))), key_high | (int(args["correlation"]) & 0xFFFFFFFF),
+                    device, stream = int(args["device"]), int(args.get("stream", ev.get("tid", 0)))
+                    if not (0 <= device <= INT31 and -INT31 <= stream <= INT31):
+                        raise ValueError("a device or stream id beyond 31 bits")
+                    gpu_add(start, start + round(float(ev["dur"]) * 1000), device, stream,
+                            key_high | (int(args["correlation"]) & 0xFFFFFFFF),
                             code, kind, *(int(x) for x in grid[:3]), *(int(x) for x in block[:3]))
                 elif cat in API_CATS:
                     start = round(float(ev["ts"]) * 1000)
@@ -216,7 +237,7 @@ class KinetoTrace:
                     start = round(float(ev["ts"]) * 1000)
                     range_add(high | int(ev["tid"]), start, start + round(float(ev["dur"]) * 1000),
                               intern(str(ev["name"])))
-            except (KeyError, TypeError, ValueError, IndexError, OverflowError):
+            except (KeyError, TypeError, ValueError, IndexError, OverflowError, AttributeError):
                 skip(f"{cat} events without the fields they need")
 
     def _check_ranks(self) -> None:
@@ -226,8 +247,8 @@ class KinetoTrace:
         infos = [info for _, info in self.ranks]
         if len(infos) != len(self.files):
             return  # ranks not recorded in every file: nothing to compare
-        sizes = {info.get("world_size") for info in infos}
-        ranks = [info.get("rank") for info in infos]
+        sizes = {repr(info.get("world_size")) for info in infos}  # repr: JSON values need not be hashable
+        ranks = [repr(info.get("rank")) for info in infos]
         if len(sizes) != 1 or len(set(ranks)) != len(ranks):
             listed = ", ".join(f"{name}: rank {info.get('rank')} of {info.get('world_size')}" for name, info in self.ranks)
             raise ProfattrError(f"{self.path}: these traces are not the ranks of one run ({listed}); give the rank "
@@ -273,17 +294,17 @@ class KinetoTrace:
             first = np.r_[True, key[idx][1:] != key[idx][:-1]]
             group_start = np.maximum.accumulate(np.where(first, np.arange(len(idx)), 0))
             graph_node[idx] = np.arange(len(idx)) - group_start  # the node's place in its replay
-        return Ops(start=start, end=end, device=g["device"][sel].astype(np.int32), launch_key=key,
-                   name_id=short, demangled_id=demangled, graph_node=graph_node,
-                   stream=g["stream"][sel].astype(np.int32), kind=g["kind"][sel].astype(np.int8), launch_tid=tid,
-                   launch_ns=ns, launched=found)
+        return self.claims.ops(Ops(start=start, end=end, device=g["device"][sel].astype(np.int32), launch_key=key,
+                                   name_id=short, demangled_id=demangled, graph_node=graph_node,
+                                   stream=g["stream"][sel].astype(np.int32), kind=g["kind"][sel].astype(np.int8),
+                                   launch_tid=tid, launch_ns=ns, launched=found))
 
     def ranges(self) -> pd.DataFrame:
         r = self._range_arrays
         names = self.strings(np.unique(r["name"]))
-        return pd.DataFrame({"start": r["start"], "end": r["end"], "tid": r["tid"],
-                             "text": pd.Series([names[int(i)] for i in r["name"]], dtype=object),
-                             "domain": ""})
+        return self.claims.ranges(pd.DataFrame({"start": r["start"], "end": r["end"], "tid": r["tid"],
+                                                "text": pd.Series([names[int(i)] for i in r["name"]], dtype=object),
+                                                "domain": ""}))
 
     def _api_kinds(self) -> np.ndarray:
         a = self._api_arrays
@@ -302,8 +323,9 @@ class KinetoTrace:
         if not sel.any():
             return None
         order = np.lexsort((a["start"][sel], a["tid"][sel]))
-        return {"start": a["start"][sel][order], "end": a["end"][sel][order], "tid": a["tid"][sel][order],
-                "correlation": (a["key"][sel] & 0xFFFFFFFF)[order], "key": a["key"][sel][order]}
+        return self.claims.events({"start": a["start"][sel][order], "end": a["end"][sel][order],
+                                   "tid": a["tid"][sel][order], "correlation": (a["key"][sel] & 0xFFFFFFFF)[order],
+                                   "key": a["key"][sel][order]}, "graph_launches")
 
     def node_creation(self):
         return None  # torch traces do not record CUDA-graph node creation
@@ -320,11 +342,13 @@ class KinetoTrace:
         a = self._api_arrays
         kinds = self._api_kinds()
         sel = kinds >= 0
-        return {"tid": a["tid"][sel], "start": a["start"][sel], "end": a["end"][sel], "kind": kinds[sel]}
+        return self.claims.events({"tid": a["tid"][sel], "start": a["start"][sel], "end": a["end"][sel],
+                                   "kind": kinds[sel]}, "api_calls")
 
     def kernel_configs(self) -> dict:
         g = self._gpu_arrays
-        sel = g["kind"] == KIND_KERNEL
+        lo, hi = self.claims.window()
+        sel = (g["kind"] == KIND_KERNEL) & (g["start"] >= lo) & (g["end"] <= hi) & (g["end"] >= g["start"])
         return {"device": g["device"][sel], "name": g["name"][sel], "gx": g["gx"][sel], "gy": g["gy"][sel],
                 "gz": g["gz"][sel], "bx": g["bx"][sel], "by": g["by"][sel], "bz": g["bz"][sel],
                 "start": g["start"][sel], "duration": g["end"][sel] - g["start"][sel]}

@@ -146,12 +146,14 @@ def run_json_for(csv_path: Path) -> Path:
 
 def load_drill_run(csv_path: Path) -> tuple:
     """(run dict or None, its path or None): the drill's run.json beside the CSV, if readable."""
+    from profattr import inputs
+
     path = run_json_for(csv_path)
-    if not path.is_file():
+    if not inputs.is_regular_file(path):
         return None, None
     try:
-        run = json.loads(path.read_text())
-    except (OSError, ValueError):
+        run = json.loads(inputs.read_text(path, "a run.json"))
+    except (ProfattrError, ValueError, RecursionError):
         return None, None
     return (run, path) if isinstance(run, dict) else (None, None)
 
@@ -203,6 +205,9 @@ EXAMPLE_UNITS = {"time": "us or msecond", "rate": "Gbyte/s", "bytes": "Mbyte", "
 
 
 def _rows(path: Path) -> list:
+    from profattr import inputs
+
+    inputs.regular_file(path, "an ncu raw CSV (NAME.ncu.csv, written by `profattr drill`)")
     try:
         raw = path.read_bytes()
     except OSError as exc:

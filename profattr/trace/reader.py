@@ -6,6 +6,8 @@ columns come and go, the metadata table was renamed. Everything here probes `sql
 """
 from __future__ import annotations
 
+import itertools
+import os
 import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,6 +15,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from profattr import inputs
 from profattr.errors import ProfattrError
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -32,6 +35,10 @@ def load_query(name: str, **fragments: str) -> str:
     return text.format(**fragments) if fragments else text
 
 
+class DamagedValues(ProfattrError):
+    """A query met a value its integer columns cannot hold (NULL, text, a number beyond 64 bits)."""
+
+
 @dataclass
 class Export:
     """A read-only view of one nsys SQLite export, and the reader interface every capture format offers:
@@ -44,7 +51,15 @@ class Export:
     nsys_version: str | None = None
     _columns: dict = field(default_factory=dict, repr=False)
     _adbc: object = field(default=None, repr=False)  # a second, Arrow connection (trace/fetch.py), opened on use
+    claims: object = field(default=None, repr=False)  # validate.Claims: what the arrays below were checked for
+    _rows_checked: bool = field(default=False, repr=False)  # validate.hide_damaged_rows has run
     format = "nsys"
+
+    def __post_init__(self):
+        if self.claims is None:
+            from profattr.trace.validate import Claims
+
+            self.claims = Claims(self.path)
 
     @property
     def tool_version(self) -> str | None:
@@ -54,29 +69,50 @@ class Export:
     def ops(self, include_memory: bool = True):
         from profattr.trace.nsys_tables import load_ops
 
-        return load_ops(self, include_memory)
+        return self._read(lambda: self.claims.ops(load_ops(self, include_memory)))
 
     def ranges(self):
         from profattr.trace.nsys_tables import load_ranges
 
-        return load_ranges(self)
+        return self._read(lambda: self.claims.ranges(load_ranges(self)))
 
     def graph_launches(self):
         from profattr.trace.nsys_tables import graph_launches
 
-        return graph_launches(self)
+        return self._read(lambda: self.claims.events(graph_launches(self), "graph_launches"))
 
     def node_creation(self):
         from profattr.trace.nsys_tables import node_creation
 
-        return node_creation(self)
+        return self._read(lambda: self.claims.events(node_creation(self), "node_creation"))
+
+    def _read(self, read):
+        """`read()`; when it meets a damaged value (a NULL or a text where the schema has an integer), every row is
+        checked (validate.hide_damaged_rows: damaged rows counted, then hidden) and the read is done again."""
+        try:
+            return read()
+        except (DamagedValues, TypeError, ValueError, OverflowError) as exc:
+            if self._rows_checked:
+                raise ProfattrError(f"{self.path}: a value the checks did not expect ({exc}); the export looks "
+                                    "damaged (export it again with `nsys export --type sqlite`)") from None
+        from profattr.trace.validate import hide_damaged_rows
+
+        self._rows_checked = True
+        for table, reasons in hide_damaged_rows(self).items():
+            before = self.claims.skipped.get(table, {})
+            self.claims.skipped[table] = {**before, **reasons, "rows": before.get("rows", 0) + reasons["rows"]}
+        return self._read(read)
 
     def kernel_configs(self) -> dict:
         """Every kernel's device, demangled-name id, grid and block, start and duration (ns)."""
         cols = ["device", "name", "gx", "gy", "gz", "bx", "by", "bz", "start", "duration"]
         if not self.has(KERNEL):
             return {c: np.zeros(0, dtype=np.int64) for c in cols}
-        return self.arrays(load_query("check_kernel_sequence"), cols)
+        configs = self._read(lambda: self.arrays(load_query("check_kernel_sequence"), cols))
+        lo, hi = self.claims.window()
+        keep = (configs["start"] >= lo) & (configs["start"] <= hi) & (configs["duration"] >= 0) & (
+            configs["duration"] <= hi - lo)
+        return configs if keep.all() else {c: v[keep] for c, v in configs.items()}
 
     def record_span(self) -> tuple:
         """(first start, last end) of the CPU-side records (CUDA calls, NVTX ranges); (None, None) without any."""
@@ -91,13 +127,15 @@ class Export:
         """process << 32 | correlationId of every recorded CUDA call (for the completeness check)."""
         if not self.has(RUNTIME):
             return np.zeros(0, dtype=np.int64)
-        return self.arrays(load_query("runtime_correlation"), ["key"], max_rows=self.count(RUNTIME))["key"]
+        return self._read(lambda: self.arrays(load_query("runtime_correlation"), ["key"],
+                                              max_rows=self.count(RUNTIME))["key"])
 
     def api_calls(self) -> dict:
         """CUDA calls that launch, copy or wait: arrays tid, start, end, kind (0 graph, 1 kernel, 2 memory, 3 sync)."""
         if not self.has(RUNTIME):
             return {k: np.zeros(0, dtype=np.int64) for k in ("tid", "start", "end", "kind")}
-        return self.arrays(load_query("api_calls"), ["tid", "start", "end", "kind"])
+        return self._read(lambda: self.claims.events(self.arrays(load_query("api_calls"),
+                                                                 ["tid", "start", "end", "kind"]), "api_calls"))
 
     def has(self, table: str) -> bool:
         return table in self.tables
@@ -172,9 +210,10 @@ class Export:
             yield from fetch.skip_rows(fetch.sqlite3_blocks(self._run(sql, params), ncols), done)
         except sqlite3.DatabaseError as exc:
             raise _database_error(self.path, exc) from None
-        except TypeError:
-            raise ProfattrError(f"{self.path}: unexpected NULL in an integer column of a query; "
-                                "the export looks damaged (re-export it with `nsys export --type sqlite`)") from None
+        except (TypeError, ValueError, OverflowError):
+            raise DamagedValues(f"{self.path}: a NULL, a text or a number beyond 64 bits in an integer column of a "
+                                "query; the export looks damaged (re-export it with `nsys export --type sqlite`)"
+                                ) from None
 
     def count(self, table: str) -> int:
         return int(self.query(f"SELECT count(*) FROM {table}")[0][0]) if self.has(table) else 0
@@ -187,7 +226,8 @@ class Export:
             chunk = ids[chunk_start:chunk_start + 900]
             marks = ",".join("?" * len(chunk))
             out.update(self.query(f"SELECT id, value FROM StringIds WHERE id IN ({marks})", chunk))
-        return out
+        # a BLOB where the text belongs (a damaged row) is decoded like text
+        return {k: _text(v) if isinstance(v, bytes) else str(v) for k, v in out.items() if v is not None}
 
     @property
     def gpus(self) -> list:
@@ -198,7 +238,8 @@ class Export:
         wanted = [c for c in ("id", "name", "busLocation", "computeMajor", "computeMinor", "smCount",
                               "memoryBandwidth", "totalMemory", "clockRate", "uuid") if c in cols]
         rows = self.query(f"SELECT {', '.join(wanted)} FROM TARGET_INFO_GPU ORDER BY 1")
-        return [dict(zip(wanted, row)) for row in rows]
+        # a BLOB where a number or a name belongs (a damaged table) would not survive JSON: shown as text
+        return [{k: _text(v) if isinstance(v, bytes) else v for k, v in zip(wanted, row)} for row in rows]
 
     def close(self) -> None:
         if self._adbc is not None:
@@ -215,45 +256,105 @@ class Export:
 
 def _database_error(path: Path, exc: Exception) -> ProfattrError:
     text = str(exc)
-    if "locked" in text:
+    if "locked" in text or "busy" in text:
         return ProfattrError(f"{path}: the database is locked by another process; wait for nsys to finish "
                              "writing it, or copy it and open the copy")
-    if "malformed" in text or "not a database" in text or "disk I/O" in text:
+    if "readonly" in text or "read-only" in text:
+        return ProfattrError(f"{path}: an unfinished write left {path.name}-journal beside it (the writer crashed "
+                             "or is still running); let it finish, or export the capture again")
+    if "malformed" in text or "not a database" in text or "disk I/O" in text or "file is not" in text:
         return ProfattrError(f"{path}: the SQLite file is damaged or truncated ({text}); "
                              "export it again with `nsys export --type sqlite --force-overwrite true`")
     return ProfattrError(f"{path}: SQLite error: {text}")
 
 
+def _text(raw: bytes) -> str:
+    """SQLite TEXT as str: UTF-8, an invalid byte becomes U+FFFD (names from damaged or foreign exports)."""
+    return raw.decode("utf-8", errors="replace")
+
+
+def connect_read_only(path: Path, head: bytes) -> sqlite3.Connection:
+    """A connection that can neither write the file nor create anything beside it (`mode=ro&immutable=1`).
+
+    immutable=1 also means SQLite takes no locks and reads no journal, so first: a rollback-journal file (header
+    byte 18 = 1) is probed with a plain read-only connection, which says "locked" while a writer holds it and
+    refuses a hot journal (an unfinished write), and creates nothing; a WAL file (byte 18 = 2) is not probed (a
+    read-only connection would create -shm and -wal beside it) and is refused while a -wal with changes not yet
+    checkpointed into it lies beside it, since those changes would be missed.
+    """
+    uri = path.resolve().as_uri()
+    if len(head) > 18 and head[18] == 2:
+        wal = path.with_name(path.name + "-wal")
+        if inputs.is_regular_file(wal) and os.path.getsize(wal) > 0:
+            raise ProfattrError(f"{path}: a WAL-mode database with changes still in {wal.name} beside it; "
+                                "checkpoint them first (sqlite3 FILE 'PRAGMA wal_checkpoint(TRUNCATE)') or finish "
+                                "writing it, then read it")
+    else:
+        probe = None
+        try:
+            probe = sqlite3.connect(f"{uri}?mode=ro", uri=True, timeout=0)
+            probe.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        except sqlite3.DatabaseError as exc:
+            raise _database_error(path, exc) from None
+        finally:
+            if probe is not None:
+                probe.close()
+    try:
+        conn = sqlite3.connect(f"{uri}?mode=ro&immutable=1", uri=True, check_same_thread=False)
+    except sqlite3.DatabaseError as exc:
+        raise _database_error(path, exc) from None
+    conn.text_factory = _text
+    conn.execute("PRAGMA temp_store = MEMORY")  # the TEMP views of validate.py: never a file
+    return conn
+
+
 def open_export(path) -> Export:
-    """Open an nsys SQLite export read-only; raise ProfattrError with one clear line when it is not one."""
-    path = Path(path)
-    if not path.exists():
-        raise ProfattrError(f"{path}: no such file")
-    if path.is_dir():
-        raise ProfattrError(f"{path}: is a folder; give the .sqlite (or .nsys-rep) file inside it")
-    with path.open("rb") as fh:
-        head = fh.read(len(SQLITE_MAGIC))
-    if head != SQLITE_MAGIC:
+    """Open an nsys SQLite export read-only and immutable, check what its tables claim (trace/validate.py); raise
+    ProfattrError with one clear line when it is not one."""
+    from profattr.trace.validate import Claims, check_structure, session_of
+
+    path = inputs.regular_file(path, "an Nsight Systems export (.sqlite) or a .nsys-rep",
+                               folder_hint="give the .sqlite (or .nsys-rep) file inside it")
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(100)
+    except OSError as exc:
+        raise ProfattrError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+    if not head.startswith(SQLITE_MAGIC):
         raise ProfattrError(f"{path}: not a SQLite file; give an Nsight Systems export "
                             "(`nsys export --type sqlite REPORT.nsys-rep`) or the .nsys-rep itself")
-    # mode=ro: the user's capture is never written. No journal or lock files are created beside it.
-    conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, check_same_thread=False)
+    conn = connect_read_only(path, head)
     export = Export(path=path, conn=conn)
     try:
         export.tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        meta_table = next((t for t in ("META_DATA_EXPORT", "EXPORT_META_DATA") if t in export.tables), None)
+        if "StringIds" not in export.tables and meta_table is None:
+            raise ProfattrError(f"{path}: a SQLite file, but not an Nsight Systems export (no StringIds or "
+                                "META_DATA_EXPORT table)")
+        if meta_table is not None:
+            meta = {str(k): v for k, v in export.query(f"SELECT name, value FROM {meta_table}")}
+            export.schema_version = _text_or_none(meta.get("EXPORT_SCHEMA_VERSION"))
+            export.nsys_version = _text_or_none(meta.get("EXPORT_PRODUCT_VERSION"))
+        check_structure(export)
+        export.claims = Claims(path, session_of(export), starts=lambda: _kernel_starts(export))
     except sqlite3.DatabaseError as exc:
         conn.close()
         raise _database_error(path, exc) from None
-    meta_table = next((t for t in ("META_DATA_EXPORT", "EXPORT_META_DATA") if t in export.tables), None)
-    if "StringIds" not in export.tables and meta_table is None:
+    except BaseException:
         conn.close()
-        raise ProfattrError(f"{path}: a SQLite file, but not an Nsight Systems export (no StringIds or "
-                            "META_DATA_EXPORT table)")
-    if meta_table is not None:
-        meta = dict(export.query(f"SELECT name, value FROM {meta_table}"))
-        export.schema_version = meta.get("EXPORT_SCHEMA_VERSION")
-        export.nsys_version = meta.get("EXPORT_PRODUCT_VERSION")
+        raise
     return export
+
+
+def _kernel_starts(export: Export) -> np.ndarray:
+    """Every kernel's start (ns): the time range's bulk, when it is asked for before the ops are read."""
+    if not export.has(KERNEL):
+        return np.zeros(0, dtype=np.int64)
+    return export.arrays('SELECT k.start FROM CUPTI_ACTIVITY_KIND_KERNEL AS k', ["start"])["start"]
+
+
+def _text_or_none(value):
+    return None if value is None else str(value)
 
 
 def resolve_capture(path, force: bool = False, nsys: str | None = None, kind: str | None = None) -> Path:
@@ -263,8 +364,7 @@ def resolve_capture(path, force: bool = False, nsys: str | None = None, kind: st
     path = Path(path)
     if path.suffix not in (".nsys-rep", ".qdrep") and kind != "report":
         return path
-    if not path.exists():
-        raise ProfattrError(f"{path}: no such file")
+    inputs.regular_file(path, "an Nsight Systems report (.nsys-rep)")
     out = path.with_suffix(".sqlite") if path.suffix in (".nsys-rep", ".qdrep") else path.with_name(path.name + ".sqlite")
     if out.exists() and out.stat().st_mtime >= path.stat().st_mtime:
         return out

@@ -4,20 +4,25 @@ offers the same interface (trace/reader.py Export); nothing downstream knows whi
 from __future__ import annotations
 
 import gzip
+import zlib
 from pathlib import Path
 
-from profattr.errors import ProfattrError
+from profattr import inputs
 from profattr.trace.reader import SQLITE_MAGIC, open_export, resolve_capture
 
 NSYS_REP_MAGIC = b"NVIDIA Tegra Profiler Report"
 
 
 def sniff(path: Path) -> str:
-    """'sqlite', 'nsys-rep', 'json', 'folder' or 'unknown', from the file's first bytes (not its name)."""
-    if path.is_dir():
+    """'sqlite', 'nsys-rep', 'json', 'folder' or 'unknown', from the file's first bytes (not its name). The path is
+    checked to be a regular file or a folder before it is opened (a FIFO would block the read forever)."""
+    if inputs.file_or_folder(path) == "folder":
         return "folder"
-    with path.open("rb") as fh:
-        head = fh.read(64)
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(64)
+    except OSError:
+        return "unknown"  # open_export says what is wrong
     if head.startswith(SQLITE_MAGIC):
         return "sqlite"
     if head.startswith(NSYS_REP_MAGIC):
@@ -26,7 +31,7 @@ def sniff(path: Path) -> str:
         try:
             with gzip.open(path, "rb") as fh:
                 head = fh.read(64)
-        except (OSError, EOFError):
+        except (OSError, EOFError, zlib.error):
             return "json"  # a damaged gzip: the JSON reader says what is wrong
     if head.lstrip()[:1] in (b"{", b"["):
         return "json"
@@ -41,9 +46,7 @@ def open_trace(path, force: bool = False):
 
         return KinetoTrace(list(path))
     path = Path(path)
-    if not path.exists():
-        raise ProfattrError(f"{path}: no such file or folder")
-    kind = sniff(path) if (path.is_dir() or path.is_file()) else "unknown"
+    kind = sniff(path)
     if kind == "nsys-rep" or (kind == "unknown" and path.suffix in (".nsys-rep", ".qdrep")):
         return open_export(resolve_capture(path, force=force, kind="report"))
     if kind in ("json", "folder"):
