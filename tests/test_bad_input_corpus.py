@@ -466,7 +466,7 @@ CASES = [
     Case("budget-top-negative", args("budget", "@capture", "--top", "-1"), ERROR, ("--top",)),
     Case("budget-skip-steps-negative", args("budget", "@capture", "--skip-steps", "-2"), ERROR, ("--skip-steps",)),
     Case("diff-samples-zero", args("diff", "@capture", "@capture", "--samples", "0"), ERROR, ("--samples",)),
-    Case("diff-one-capture", args("diff", "@capture"), ERROR, ("'B'",)),
+    Case("diff-one-capture", args("diff", "@capture"), ERROR, ("two captures (A B)",)),
     Case("classify-no-names", args("classify"), ERROR, ("NAMES",)),
     Case("check-missing", args("check", "nowhere.sqlite"), ERROR, ("no such file",)),
     Case("limit-unknown-hardware", args("limit", "-m", "glm-5-nvfp4", "-H", "tpu9"), ERROR, ("tpu9",)),

@@ -152,6 +152,9 @@ def compute_budget(path, steps: str = "auto", rules: Sequence = (), force: bool 
         reader = store_source(export)
         try:
             budget = budget_windowed(reader, steps, ruleset, skip_steps) if windowed else None
+            claims = getattr(reader, "claims", None)
+            if budget is not None and (not budget.devices or (claims is not None and claims.total())):
+                budget = None  # damaged rows or no work in the steps: the one-window path counts and says it
             if budget is None:  # needs every op at once (attribution, layers, mapping) or ops out of start order
                 budget = budget_of(reader, steps, ruleset, mapping=source, skip_steps=skip_steps)
         finally:
@@ -171,8 +174,12 @@ def store_source(export):
 
     if isinstance(export, Export):
         from profattr.trace.cache import open_store
+        from profattr.trace.reader import DamagedValues
 
-        return open_store(export)
+        try:
+            return open_store(export)
+        except (DamagedValues, TypeError, ValueError, OverflowError):
+            return export  # damaged rows: the export's own reader finds, counts and hides them (validate.py)
     return export
 
 
@@ -187,8 +194,9 @@ def budget_windowed(source, steps_spec: str, ruleset, skip_steps=None) -> "Budge
 
 
 def budget_of(export, steps: str = "auto", ruleset=None, mapping: "Attribution | None" = None,
-              skip_steps=None) -> Budget:
-    """The budget of an open reader (trace/source.py open_trace), keeping its attribution."""
+              skip_steps=None, require_work: bool = True) -> Budget:
+    """The budget of an open reader (trace/source.py open_trace), keeping its attribution. `require_work=False`
+    (the checks) returns a budget with no devices instead of the error when its steps hold no GPU work."""
     attribution = attribute(export, steps, ruleset if ruleset is not None else load_rules(()), mapping=mapping)
     budget = summarize(export, attribution)
     if skip_steps not in (None, 0, "0"):
@@ -198,7 +206,8 @@ def budget_of(export, steps: str = "auto", ruleset=None, mapping: "Attribution |
             attribution = skip_leading_steps(attribution, leading, f"first {leading} step(s) of each thread ({how})")
             budget = summarize(export, attribution)
     claims = getattr(export, "claims", None)
-    _require_work(export, budget, attribution, claims)
+    if require_work or len(attribution.ops) == 0:
+        _require_work(export, budget, attribution, claims)
     budget.attribution = attribution
     if claims is not None:
         budget.skipped_rows = {t: dict(r) for t, r in claims.skipped.items()}

@@ -41,7 +41,7 @@ def _pass(source, store, steps, ranges, patterns, combos: Combos, remap=None, as
 
     assign = steps if assign is None else assign
 
-    windows = store.time_windows()
+    windows = source.time_windows() if hasattr(source, "time_windows") else store.time_windows()
     if windows is None:
         return None
     totals = StepTotals()

@@ -19,6 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
 from profattr.trace import store as opstore
 
 READER_VERSION = "1"
@@ -82,16 +84,52 @@ class StoreSource:
     def ops(self, include_memory: bool = True):
         if not include_memory:
             return self.export.ops(include_memory=False)
-        return self.store.ops()
+        return self.export.claims.ops(self.store.ops())  # the reader's checks (validate.Claims.ops)
+
+    def time_windows(self, size: int | None = None):
+        """The store's windows of ops (None when not in start order), each through the reader's checks; what they
+        skip is counted over all windows."""
+        windows = self.store.time_windows(size)
+        if windows is None:
+            return None
+        return self._checked(windows)
+
+    def _start_sample(self, most: int = 1 << 20) -> np.ndarray:
+        """Every k-th GPU op start of the store, at most `most` of them, read a window at a time: enough for the
+        plausible time range (validate.time_window: a median and percentiles)."""
+        rows = self.store.rows
+        step = max(1, rows // most)
+        parts = [self.store.column("start", lo, hi)[(-lo) % step::step] for lo, hi in self.store.bounds()]
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+    def _checked(self, windows):
+        from profattr.trace.validate import Claims
+
+        claims = self.export.claims
+        window = claims.window(self._start_sample())
+        totals: dict = {}
+        for ops in windows:
+            part = Claims(claims.path, names=claims.names)
+            part._window = window
+            ops = part.ops(ops)
+            for table, reasons in part.skipped.items():
+                entry = totals.setdefault(table, {})
+                for reason, n in reasons.items():
+                    entry[reason] = entry.get(reason, 0) + n
+            yield ops
+        for table, reasons in totals.items():
+            for reason, n in reasons.items():
+                if reason != "rows":
+                    claims.record(table, reason, n)
 
     def ranges(self):
-        return self.store.ranges()
+        return self.export.claims.ranges(self.store.ranges())
 
     def graph_launches(self):
-        return self.store.graph_launches()
+        return self.export.claims.events(self.store.graph_launches(), "graph_launches")
 
     def node_creation(self):
-        return self.store.node_creation()
+        return self.export.claims.events(self.store.node_creation(), "node_creation")
 
     def strings(self, ids):
         found = self.store.strings(ids)

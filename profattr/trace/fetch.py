@@ -34,10 +34,11 @@ class Unusable(Exception):
 
 
 def adbc_connect(path: Path):
-    """A read-only ADBC connection (mode=ro: nothing is ever written beside the capture)."""
+    """A read-only ADBC connection (mode=ro&immutable=1, as the reader's own: nothing is ever written or created
+    beside the capture)."""
     import adbc_driver_sqlite.dbapi as dbapi
 
-    return dbapi.connect(f"{Path(path).resolve().as_uri()}?mode=ro")
+    return dbapi.connect(f"{Path(path).resolve().as_uri()}?mode=ro&immutable=1")
 
 
 def adbc_blocks(conn, sql: str, params: Sequence, ncols: int) -> Iterator[np.ndarray]:

@@ -196,7 +196,8 @@ class Export:
         from profattr.trace import fetch
 
         done = 0
-        if fetch.method() == "adbc":
+        # damaged rows are hidden by TEMP views of this connection (validate.hide_damaged_rows): then sqlite3 only
+        if fetch.method() == "adbc" and not self._rows_checked:
             try:
                 if self._adbc is None:
                     self._adbc = fetch.adbc_connect(self.path)

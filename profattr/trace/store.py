@@ -249,7 +249,9 @@ def _query_alone(export, sql: str) -> list:
     """`sql`'s rows through a connection of its own (read-only), so that it runs beside the main one."""
     import sqlite3
 
-    conn = sqlite3.connect(f"{Path(export.path).resolve().as_uri()}?mode=ro", uri=True)
+    if getattr(export, "_rows_checked", False):  # damaged rows are hidden by views of the reader's connection only
+        return export.query(sql)
+    conn = sqlite3.connect(f"{Path(export.path).resolve().as_uri()}?mode=ro&immutable=1", uri=True)
     try:
         return conn.execute(sql).fetchall()
     except sqlite3.DatabaseError:
