@@ -100,3 +100,16 @@ def test_a_glob_is_a_replicate_group(export_example, tmp_path):
         assert float(row.split(" | ")[3]) == pytest.approx(sum(means) / 2, abs=6e-4)
         assert int(row.split(" | ")[1]) == sum(expected_nvtx_like(p, "step[DECODE bs=%]")[0]["steps"] for p in paths)
     assert "### cutlass vs triton" in text and "2 replicates (" in text
+
+
+def test_skipped_steps_are_left_out_and_kept_in_the_command(export_example, tmp_path):
+    path = export_example("glm5/glm-triton-bs1-r1")
+    out = tmp_path / "report"
+    result = CliRunner().invoke(cli, ["report", str(path), "-o", str(out), "--samples", "50", "--skip-steps", "3"])
+    assert result.exit_code == 0, result.output
+    text = (out / "report.md").read_text(encoding="utf-8")
+    steps = expected_nvtx_like(path, "step[DECODE bs=%]")[0]["steps"]
+    row = next(line for line in section(text, "## Summary").splitlines() if line.startswith("| glm-triton-bs1-r1 |"))
+    assert int(row.split(" | ")[1]) == steps - 3
+    command = section(text, "## Reproducibility")
+    assert "--skip-steps 3" in command and f"-o {out}" in command

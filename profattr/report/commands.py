@@ -80,7 +80,7 @@ def _check_target(target: Path, out_dir: Path, force: bool, given=()) -> None:
 
 
 def _command_line(captures, output, steps, rules, hardware, labels, samples, changed, mappings=(),
-                  ledger=None, drills=()) -> str:
+                  ledger=None, drills=(), skip_steps=None) -> str:
     args = ["profattr", "report", *map(str, captures), "-o", str(output)]
     if ledger is not None:
         args += ["--ledger", str(ledger)]
@@ -90,6 +90,8 @@ def _command_line(captures, output, steps, rules, hardware, labels, samples, cha
         args += ["--drill", d]
     if steps != "auto":
         args += ["--steps", steps]
+    if skip_steps is not None:
+        args += ["--skip-steps", str(skip_steps)]
     for r in rules:
         args += ["--rules", str(r)]
     if hardware:
@@ -201,7 +203,7 @@ def report(captures, output, steps, skip_steps, rules, hardware, labels, changed
                           mappings=_mapping_pairs(mappings, captures), drills=_drill_items(drills, captures),
                           layers=layers)
     data.command = _command_line(captures, output, steps, rules, hardware, labels, samples, changed, mappings,
-                                 ledger_path, drills) + (" --layers" if layers else "")
+                                 ledger_path, drills, skip_steps) + (" --layers" if layers else "")
     data.campaign, data.campaign_ledger = campaign, ledger_path
     written = write_report(data, output, force=force)
     click.echo(f"wrote {written[0]} and {len(written) - 1} chart(s)")
