@@ -107,6 +107,17 @@ def digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def assert_one_line_error(result, *needles) -> None:
+    """A Click result of bad input (in-process CliRunner): exit 2, no traceback, one `error: ` line on stderr that
+    holds each needle."""
+    assert result.exit_code == 2, (result.exit_code, result.output)
+    assert "Traceback" not in result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+    for n in needles:
+        assert n in lines[0], (n, lines[0])
+
+
 def snapshot(folder: Path) -> dict:
     """name -> sha256 (regular files) or kind (anything else), for every entry of `folder`."""
     out = {}

@@ -1,7 +1,6 @@
 """Bad input to `profattr budget`: one clear line, exit 2, no traceback, and the input untouched."""
 from __future__ import annotations
 
-import hashlib
 import shutil
 import sqlite3
 import threading
@@ -10,6 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from profattr.cli import cli
+from badinput import assert_one_line_error, digest
 from synth import Builder, gpid, gtid
 
 
@@ -18,17 +18,8 @@ def run(*args):
     return result
 
 
-def digest(path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def assert_one_line_error(result, *needles):
-    assert result.exit_code == 2, (result.exit_code, result.output)
-    assert "Traceback" not in result.output
-    lines = [line for line in result.output.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
-    for n in needles:
-        assert n in lines[0], (n, lines[0])
 
 
 def small_capture(path, with_steps=True):

@@ -18,6 +18,7 @@ import pytest
 from click.testing import CliRunner
 
 from profattr.cli import cli
+from badinput import assert_one_line_error
 from profattr.trace.ncu_csv import read_ncu_csv
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -245,13 +246,6 @@ def test_report_finds_a_drill_beside_its_capture(export_example, tmp_path):
 
 # --- bad input: one line, exit 2, no traceback ------------------------------------------------------------------------
 
-def assert_one_line_error(result, *needles):
-    assert result.exit_code == 2, (result.exit_code, result.output)
-    assert "Traceback" not in result.output
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    for n in needles:
-        assert n in lines[0], (n, lines[0])
 
 
 def report(path, *extra):

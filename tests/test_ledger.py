@@ -6,7 +6,6 @@ documented JSON outputs (`profattr budget --format json`, `profattr diff --forma
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import shutil
@@ -17,6 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from profattr.cli import cli
+from badinput import assert_one_line_error, digest
 from conftest import EXAMPLES
 
 TRITON = EXAMPLES / "sglang-triton-bs1.sqlite"
@@ -36,13 +36,6 @@ def ok(*args, env=None) -> str:
     return result.stdout
 
 
-def assert_one_line_error(result, *needles):
-    assert result.exit_code == 2, (result.exit_code, result.output)
-    assert "Traceback" not in result.output
-    lines = [line for line in result.output.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
-    for n in needles:
-        assert n in lines[0], (n, lines[0])
 
 
 def rows(db_path, sql, params=()):
@@ -54,8 +47,6 @@ def rows(db_path, sql, params=()):
         conn.close()
 
 
-def digest(path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def assert_close(got, want, where="", tol=TOL):

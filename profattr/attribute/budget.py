@@ -412,7 +412,12 @@ def _steps_per_device(budget: Budget) -> dict:
 
 def add_comm(budget: Budget, att: Attribution) -> None:
     """Per device `comm` (transfer / wait split of collectives) when two or more GPUs run collectives."""
-    split = collective_split(att.ops, att.step, att.steps.start, att.category(), _steps_per_device(budget))
+    apply_comm(budget, collective_split(att.ops, att.step, att.steps.start, att.category(),
+                                        _steps_per_device(budget)))
+
+
+def apply_comm(budget: Budget, split) -> None:
+    """Put collective_split's (per device, summary, per-step table) on the budget; nothing when it is None."""
     if split is None:
         return
     per_device, summary, frame = split

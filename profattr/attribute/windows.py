@@ -66,12 +66,5 @@ def _pass(source, store, steps, ranges, patterns, combos: Combos, remap=None, as
     comm = totals.comm_ops(category_of_reg)
     if comm is not None:
         ops, step, category = comm
-        split = collective_split(ops, step, steps.start, category, B._steps_per_device(budget))
-        if split is not None:
-            per_device, summary, table = split
-            for d in budget.devices:
-                if d["device"] in per_device:
-                    d["comm"] = per_device[d["device"]]
-            budget.comm = summary
-            budget.per_step_comm = table
+        B.apply_comm(budget, collective_split(ops, step, steps.start, category, B._steps_per_device(budget)))
     return budget

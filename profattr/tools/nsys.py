@@ -211,14 +211,19 @@ def stop_command(nsys: str, session: str) -> list:
     return [nsys, "stop", f"--session={session}"]
 
 
+def _call(cmd: list, what: str, timeout_s: float) -> subprocess.CompletedProcess:
+    """Run `cmd` with its output captured; ProfattrError when it cannot start or runs past `timeout_s`."""
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise ProfattrError(f"{what} took longer than {timeout_s:.0f} s: {' '.join(cmd)}") from None
+    except OSError as exc:
+        raise ProfattrError(f"{what} could not start ({exc}): {' '.join(cmd)}") from None
+
+
 def session_call(cmd: list, timeout_s: float = 300) -> str:
     """Run `nsys start` / `nsys stop`; ProfattrError with nsys's own words when it fails."""
-    try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        raise ProfattrError(f"`{' '.join(cmd[1:3])}` took longer than {timeout_s:.0f} s") from None
-    except OSError as exc:
-        raise ProfattrError(f"could not run {cmd[0]} ({exc})") from None
+    out = _call(cmd, f"`{' '.join(cmd[1:3])}`", timeout_s)
     text = (out.stdout + "\n" + out.stderr).replace("\r", "\n")
     if out.returncode != 0:
         last = [ln.strip() for ln in text.splitlines() if ln.strip()][-1:] or ["no output"]
@@ -256,12 +261,7 @@ def importer_too_old(text: str, qdstrm_name: str = "the .qdstrm") -> str | None:
 def _run_tool(cmd: list, what: str, out_path: Path, timeout_s: float, diagnose=None) -> None:
     """Run a tool that must write `out_path`; ProfattrError with its last error line when it does not.
     `diagnose(output) -> message or None` turns a known failure into its own message."""
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        raise ProfattrError(f"{what} took longer than {timeout_s:.0f} s: {' '.join(cmd)}") from None
-    except OSError as exc:
-        raise ProfattrError(f"{what} could not start ({exc}): {' '.join(cmd)}") from None
+    proc = _call(cmd, what, timeout_s)
     known = diagnose(proc.stdout + "\n" + proc.stderr) if diagnose else None
     if known:
         raise ProfattrError(known)
