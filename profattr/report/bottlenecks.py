@@ -75,9 +75,33 @@ def idle_reason(s: dict) -> str | None:
                 f"launched outside the graph (largest gap {s['largest_gap_us']:.0f} µs/step) and only "
                 f"{graph_idle:.3f} ms falls inside the replay: the GPU waits on host work between replays; overlap "
                 "or shorten it, or move those ops into the graph")
-    return (f"{replay}; {graph_idle:.3f} ms/step of idle falls between replayed nodes (median gap "
+    before = s.get("idle_before_replay_ms") or 0.0
+    if before >= 0.5 * idle:
+        return _replay_start_reason(s, replay, before)
+    inside = graph_idle - before
+    return (f"{replay}; {inside:.3f} ms/step of idle falls between replayed nodes (median gap "
             f"{s['median_gap_us']:.1f} µs, largest {s['largest_gap_us']:.0f} µs/step): dependencies or waits "
             "inside the graph, not CPU launches")
+
+
+def _replay_start_reason(s: dict, replay: str, before: float) -> str:
+    """The GPU idles before each replay's first node: it waits for the host to launch the graph. The wait splits
+    into host work before the cudaGraphLaunch call and the call's own latency to the first node."""
+    text = (f"{replay}; {before:.3f} ms/step of the idle is the GPU waiting for a replay to start (median "
+            f"{s['replay_wait_us']:.0f} µs before the first replayed node")
+    late, call_part = s.get("replay_before_call_us"), s.get("replay_call_to_node_us")
+    if late is None or call_part is None:
+        return text + "; the launch calls were not recorded): the GPU ran out of work before the graph was launched"
+    call = s.get("graph_launch_call_us")
+    call_text = f", the call itself {call:.0f} µs on the host" if call is not None else ""
+    text += (f": {late:.0f} µs before the host called cudaGraphLaunch, {call_part:.0f} µs from that call to the "
+             f"first node{call_text})")
+    if late >= call_part:
+        return text + (": the host is behind the GPU (CPU-bound between replays): shorten the host work of a step "
+                       "(scheduling, metadata, sampling), overlap it with the GPU's work, or run more per step")
+    return text + (": the graph launch holds the GPU back: a launch of many nodes costs host time before its first "
+                   "node runs (more under nsys's node-level graph tracing than unprofiled); compare with the "
+                   "unprofiled timing, and fewer nodes or fewer launches per step would help")
 
 
 def category_reason(device: dict, category: str, gap_device: dict | None = None) -> str:

@@ -114,8 +114,8 @@ def write_category_chart(captures: Sequence[dict], path) -> Path:
 
 
 def write_launch_chart(captures: Sequence[dict], path) -> Path:
-    """Per capture (and GPU): the step split into kernel-busy time, idle inside graph replays and idle before
-    eagerly launched ops (% of the step), and GPU ops per step replayed from a graph vs launched one by one.
+    """Per capture (and GPU): the step split into kernel-busy time, idle waiting for a graph replay to start, idle
+    between replayed nodes and idle before eagerly launched ops (% of the step), and GPU ops per step replayed from a graph vs launched one by one.
 
     `captures`: dicts with `label`, `budget` and `launches` (the launch stats list). Returns the path written.
     """
@@ -126,7 +126,10 @@ def write_launch_chart(captures: Sequence[dict], path) -> Path:
     x = list(range(len(bars)))
     parts = [("GPU busy (kernels, copies)", "#4472c4",
               [s["mean_step_ms"] - s["idle_ms_per_step"] for _, _, s in bars]),
-             ("idle inside graph replays", "#ed7d31", [s["idle_before_graph_ops_ms"] for _, _, s in bars]),
+             ("idle waiting for a replay to start", "#ffc000",
+              [s.get("idle_before_replay_ms", 0.0) for _, _, s in bars]),
+             ("idle between replayed nodes", "#ed7d31",
+              [s["idle_before_graph_ops_ms"] - s.get("idle_before_replay_ms", 0.0) for _, _, s in bars]),
              ("idle before eager launches", "#c00000", [s["idle_before_eager_ops_ms"] for _, _, s in bars])]
     bottom = [0.0] * len(bars)
     for name, color, values in parts:

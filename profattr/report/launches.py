@@ -7,11 +7,15 @@ Per device, over the budget's steps:
 - the gaps between consecutive GPU ops of a step (start minus the latest end so far, when positive): their sum is
   the budget's idle time; each gap is charged to the op that ends it (graph-replayed or eager), which separates
   waiting inside a graph replay from waiting on host work between launches;
+- of the gaps charged to replayed ops, those before the first node of a replay (the GPU waiting for the replay to
+  start: the host's cudaGraphLaunch) apart from those between its nodes, with the share of replays whose launch call
+  began only after the GPU had gone idle (the host behind the GPU) and the launch call's host time;
 - what the host was doing during those gaps (host_gaps.py: CUDA API calls and NVTX ranges that overlap them).
 """
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 
 from profattr.attribute.budget import Budget
 from profattr.report import host_gaps
@@ -37,6 +41,7 @@ def launch_stats(budget: Budget) -> list:
         device = d["device"]
         steps = budget.per_step.loc[budget.per_step["device"] == device, "step"].to_numpy()
         stats = _device_stats(att, device, steps, calls, d)
+        stats.update(_replay_starts(att, device, len(steps), api))
         sel = (att.step >= 0) & (att.ops.device == device)
         gs, ge = host_gaps.idle_intervals(att.step[sel], att.ops.start[sel], att.ops.end[sel])
         stats["host_in_idle"] = host_gaps.host_activity(gs, ge, api, ranges, att.steps, len(steps))
@@ -108,6 +113,63 @@ def _device_stats(att, device: int, steps: np.ndarray, calls, d: dict) -> dict:
         "largest_gap_us": float(largest.mean()) / NS_PER_US if len(largest) else 0.0,
         "largest_gap_share_of_idle": float(largest.sum() / gaps.sum()) if gaps.sum() > 0 else 0.0,
     }
+
+
+def _replay_starts(att, device: int, n_steps: int, api: dict) -> dict:
+    """The gaps before the first node of each CUDA-graph replay of the device's steps: per step (ms), the median
+    positive one (µs), the share of those replays whose cudaGraphLaunch began after the GPU had gone idle, the
+    median wait split into before that call and from the call to the first node (µs), and the median host time of
+    those launch calls (µs); the last four None where the launch calls were not recorded."""
+    ops = att.ops
+    sel = np.flatnonzero((att.step >= 0) & (ops.device == device))
+    empty = {"idle_before_replay_ms": 0.0, "idle_inside_replay_ms": None, "replays_per_step": 0.0,
+             "replay_wait_us": 0.0, "replay_host_late_share": None, "replay_before_call_us": None,
+             "replay_call_to_node_us": None, "graph_launch_call_us": None}
+    if not len(sel):
+        return empty
+    step, start, end = att.step[sel], ops.start[sel], ops.end[sel]
+    order = np.lexsort((start, step))
+    gaps, _ = _gaps(step, start, end)  # in `order`
+    graph = (ops.graph_node[sel] >= 0)[order]
+    key = ops.launch_key[sel][order]
+    # a replay is the graph ops of one launch (one correlation id); its first node is its earliest op
+    where = np.flatnonzero(graph)
+    if not len(where):
+        return empty
+    _, first_at = np.unique(key[where], return_index=True)
+    first = where[first_at]
+    wait = gaps[first]
+    graph_idle = float(gaps[graph].sum()) / max(n_steps, 1) / NS_PER_MS
+    out = dict(empty, idle_before_replay_ms=float(wait.sum()) / max(n_steps, 1) / NS_PER_MS,
+               replays_per_step=len(first) / max(n_steps, 1))
+    out["idle_inside_replay_ms"] = graph_idle - out["idle_before_replay_ms"]
+    waited = first[wait > 0]
+    if not len(waited):
+        return out
+    out["replay_wait_us"] = float(np.median(gaps[waited])) / NS_PER_US
+    launched = ops.launched[sel][order][waited]
+    if launched.any():
+        idle_from = start[order][waited] - gaps[waited]  # when the GPU went idle before the replay
+        launch_ns = ops.launch_ns[sel][order][waited]
+        late_ns = np.clip(launch_ns - idle_from, 0, None)[launched]
+        out["replay_host_late_share"] = float((late_ns > 0).mean())
+        # the wait split: before the host called cudaGraphLaunch, and from that call to the first node
+        out["replay_before_call_us"] = float(np.median(late_ns)) / NS_PER_US
+        out["replay_call_to_node_us"] = float(np.median(gaps[waited][launched] - late_ns)) / NS_PER_US
+        out["graph_launch_call_us"] = _launch_call_us(ops.launch_tid[sel][order][waited][launched],
+                                                      ops.launch_ns[sel][order][waited][launched], api)
+    return out
+
+
+def _launch_call_us(tid: np.ndarray, launch_ns: np.ndarray, api: dict):
+    """Median host duration (µs) of the graph-launch calls that start at (tid, launch_ns); None when none match."""
+    graph = api["kind"] == 0
+    if not graph.any():
+        return None
+    calls = pd.DataFrame({"tid": api["tid"][graph], "start": api["start"][graph],
+                          "dur": api["end"][graph] - api["start"][graph]}).drop_duplicates(["tid", "start"])
+    found = pd.DataFrame({"tid": tid, "start": launch_ns}).merge(calls, on=["tid", "start"], how="inner")
+    return float(found["dur"].median()) / NS_PER_US if len(found) else None
 
 
 def _gaps(step: np.ndarray, start: np.ndarray, end: np.ndarray):

@@ -11,8 +11,9 @@ from profattr.report.md_table import _devices_label, _f, _pct, _table
 def launch_section(data) -> list:
     out = ["## Idle time and launches", "",
            "Launch calls are counted per step on the step's CPU thread; gaps are between consecutive GPU ops of a "
-           "step (their sum is the idle time), each charged to the op that ends it: one replayed from a CUDA "
-           "graph, or one launched by itself.", ""]
+           "step (their sum is the idle time), each charged to the op that ends it: the first node of a CUDA-graph "
+           "replay (the GPU waiting for the host's cudaGraphLaunch), a later node of a replay, or an op launched by "
+           "itself.", ""]
     rows, gap_rows, notes = [], [], []
     for cap in data.captures:
         devices = {d["device"]: d for d in cap.budget["devices"]}
@@ -24,7 +25,8 @@ def launch_section(data) -> list:
                          _f(s["sync_calls_per_step"], ".1f"), f"{s['kernels_per_step']:.1f}",
                          f"{s['graph_ops_per_step']:.1f}", f"{s['eager_ops_per_step']:.1f}"])
             gap_rows.append([label, f"{s['mean_step_ms']:.3f}", f"{s['idle_ms_per_step']:.3f}",
-                             _pct(s["idle_share"]), f"{s['idle_before_graph_ops_ms']:.3f}",
+                             _pct(s["idle_share"]), f"{s.get('idle_before_replay_ms', 0.0):.3f}",
+                             f"{s['idle_before_graph_ops_ms'] - s.get('idle_before_replay_ms', 0.0):.3f}",
                              f"{s['idle_before_eager_ops_ms']:.3f}", f"{s['mean_gap_us']:.2f}",
                              f"{s['median_gap_us']:.2f}", f"{s['largest_gap_us']:.1f}"])
             reason = idle_reason(s)
@@ -40,7 +42,8 @@ def launch_section(data) -> list:
                    "sync calls/step", "kernels/step", "ops replayed from a graph/step", "ops launched eagerly/step"],
                   rows)
     out += [""]
-    out += _table(["capture", "mean step ms", "idle ms", "idle share", "idle inside graph replays ms",
+    out += _table(["capture", "mean step ms", "idle ms", "idle share", "idle waiting for a replay to start ms",
+                   "idle between replayed nodes ms",
                    "idle before eager ops ms", "mean gap µs", "median nonzero gap µs", "largest gap per step µs"],
                   gap_rows)
     out += [""] + notes + [""]
