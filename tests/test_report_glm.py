@@ -113,3 +113,30 @@ def test_skipped_steps_are_left_out_and_kept_in_the_command(export_example, tmp_
     assert int(row.split(" | ")[1]) == steps - 3
     command = section(text, "## Reproducibility")
     assert "--skip-steps 3" in command and f"-o {out}" in command
+
+
+def test_fp8_gemm_backend_pair_in_the_sweep_and_a_drill_joins_its_replicate_group(export_example, tmp_path):
+    caps = tmp_path / "caps"
+    caps.mkdir()
+    for name in ("glm-fp8tr-bs1-r1", "glm-fp8dg-bs1-r1", "glm-fp8dg-bs1-r2", "glm-fp8tr-bs4-r1"):
+        shutil.copyfile(export_example(f"glm5/{name}"), caps / f"{name}.sqlite")
+        shutil.copyfile(EXAMPLES / "glm5" / f"{name}.run.json", caps / f"{name}.run.json")
+    drill = EXAMPLES / "glm5" / "glm-drill-fp8dg.ncu.csv"
+    out = tmp_path / "report"
+    args = ["report", str(caps / "glm-fp8tr-bs1-r1.sqlite"), str(caps / "glm-fp8dg-bs1-r?.sqlite"),
+            str(caps / "glm-fp8tr-bs4-r1.sqlite"), "-o", str(out), "--samples", "50",
+            "--drill", f"{caps / 'glm-fp8dg-bs1-r1.sqlite'}={drill}"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    text = (out / "report.md").read_text(encoding="utf-8")
+    sweep = section(text, "## Batch sweep")
+    header = next(line for line in sweep.splitlines() if line.startswith("| capture"))
+    assert header.split(" | ")[2] == "FP8 GEMM backend"
+    for name in ("glm-fp8tr-bs1-r1", "glm-fp8tr-bs4-r1"):
+        resolved = json.loads((EXAMPLES / "glm5" / f"{name}.run.json").read_text())["server_log"]["resolved"]
+        label = name.replace("glm-", "").rsplit("-r1", 1)[0]
+        row = next(line for line in sweep.splitlines() if line.startswith("| ") and label in line.replace("\\", ""))
+        assert row.split(" | ")[2] == resolved["fp8_gemm_runner_backend"].replace("_", "\\_")
+    assert "### glm-drill-fp8dg.ncu.csv" in text  # attached to the glob group that holds the named capture
+    bad = CliRunner().invoke(cli, args[:-1] + [f"nowhere.sqlite={drill}", "--force"])
+    assert bad.exit_code == 2 and "nowhere.sqlite is none of the report's captures" in bad.output

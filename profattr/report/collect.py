@@ -315,6 +315,8 @@ def batch_sweep(captures: Sequence[CaptureReport]) -> list:
             rows.append({"label": cap.label, "device": d["device"], "batch": batch,
                          "backend": ((cap.run or {}).get("backend") or {}).get("sglang")
                          or ((cap.run or {}).get("backend") or {}).get("requested"),
+                         "fp8_gemm_backend": (((cap.run or {}).get("server_log") or {}).get("resolved")
+                                              or {}).get("fp8_gemm_runner_backend"),
                          "median_step_ms": d.get("step_ms"), "mean_step_ms": step,
                          "ms_per_token": step / batch if batch and step else None,
                          "tokens_per_s": 1e3 * batch / step if batch and step else None,

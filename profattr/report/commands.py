@@ -1,6 +1,8 @@
 """Click command `profattr report`: the markdown bottleneck report, with PNG charts, for one capture or several."""
 from __future__ import annotations
 
+import fnmatch
+import glob
 import re
 import shlex
 from pathlib import Path
@@ -119,14 +121,21 @@ def _mapping_pairs(mappings, captures) -> dict:
 
 
 def _drill_items(drills, captures) -> list:
-    """--drill values: CSV, or CAPTURE=CSV (CAPTURE one of the report's captures, by path or file name)."""
+    """--drill values: CSV, or CAPTURE=CSV (CAPTURE one of the report's captures by path or file name, or a member
+    of a glob given as a replicate group: the drill goes with that group)."""
     items = []
     for d in drills:
         target, sep, csv_path = d.partition("=")
-        if sep and csv_path and any(target in (c, Path(c).name) for c in captures):
-            items.append((target, csv_path))
-        else:
+        if not (sep and csv_path):
             items.append(d)
+            continue
+        match = [c for c in captures if target in (c, Path(c).name)]
+        match = match or [c for c in captures if glob.has_magic(c) and fnmatch.fnmatch(target, c)]
+        if len(match) != 1:
+            raise ProfattrError(f"--drill {d!r}: {target} is {'none' if not match else 'more than one'} of the "
+                                f"report's captures ({', '.join(Path(c).name for c in captures)}); give "
+                                "CAPTURE=DRILL.ncu.csv with CAPTURE as given, or the CSV alone")
+        items.append((match[0], csv_path))
     return items
 
 

@@ -60,9 +60,13 @@ def sweep_section(data) -> list:
     cats = sorted(totals, key=lambda c: -totals[c])[:SWEEP_CATEGORIES]
     multi = _multi_device(data)
     rows = []
-    for r in sorted(data.sweep, key=lambda r: (str(r["backend"]), r["batch"] or 0)):
+    # the FP8 GEMM backend SGLang resolved (server log) is a column when the captures differ in it
+    fp8 = len({r.get("fp8_gemm_backend") for r in data.sweep}) > 1
+    for r in sorted(data.sweep, key=lambda r: (str(r["backend"]), str(r.get("fp8_gemm_backend")), r["batch"] or 0)):
         label = md_escape(r["label"]) + (f" / GPU {md_escape(r['device'])}" if multi else "")
-        rows.append([label, md_escape(r["backend"] or "?"), r["batch"] or "?", f"{r['mean_step_ms']:.3f}",
+        rows.append([label, md_escape(r["backend"] or "?")]
+                    + ([md_escape(r.get("fp8_gemm_backend") or "?")] if fp8 else [])
+                    + [r["batch"] or "?", f"{r['mean_step_ms']:.3f}",
                      f"{r['ms_per_token']:.3f}" if r["ms_per_token"] else "",
                      f"{r['tokens_per_s']:.0f}" if r["tokens_per_s"] else "",
                      f"{r['unprofiled_ms_per_step']:.3f}" if r["unprofiled_ms_per_step"] else ""]
@@ -70,7 +74,8 @@ def sweep_section(data) -> list:
     out = ["## Batch sweep", "",
            "A step at batch B decodes B tokens: per token and per second are the comparable figures. The diffs "
            "below compare captures of the same batch size only.", ""]
-    out += _table(["capture", "MoE backend", "batch", "mean step ms", "GPU ms/token", "tokens/s",
+    out += _table(["capture", "MoE backend"] + (["FP8 GEMM backend"] if fp8 else []) + ["batch", "mean step ms",
+                   "GPU ms/token", "tokens/s",
                    "unprofiled ms/step"] + [f"{md_escape(c)} ms" for c in cats], rows)
     return out + ["", "Unprofiled ms/step: the client's timing of decode without the profiler (run.json), per "
                   "generated token of each sequence.", ""]
