@@ -342,8 +342,9 @@ def group_items(items: list) -> list:
         if head["also"]:
             shares = [head["share_of_step"]] + [a["share_of_step"] for a in head["also"]]
             many = len({head["capture"], *(a["capture"] for a in head["also"])}) > 1
-            head["title"] += (f" ({_pct(min(shares))}-{_pct(max(shares))} in {len(shares)} "
-                              f"{'captures' if many else 'GPUs'})")
+            low, high = _pct(min(shares)), _pct(max(shares))
+            span = low if low == high else f"{low}-{high}"
+            head["title"] += f" ({span} in {len(shares)} {'captures' if many else 'GPUs'})"
     return out
 
 

@@ -45,8 +45,9 @@ def _bar_name(row: dict) -> str:
 
 
 def write_campaign_chart(entries: Sequence[dict], path) -> Path:
-    """Stacked bars, one per entry (and GPU): ms per step by category, the other categories, idle on top; each bar
-    named under it and its total above it."""
+    """Stacked bars, one per entry (and GPU): ms per step by category, the other categories, idle on top; a black
+    line at the mean step (the stack less the overlap of two streams), written above the bar; each bar named
+    under it."""
     plt = _plt()
     cats, rows = campaign_rows(entries)
     series = [(c, PALETTE[i % len(PALETTE)], [r["categories"][c] for r in rows]) for i, c in enumerate(cats)]
@@ -59,8 +60,12 @@ def write_campaign_chart(entries: Sequence[dict], path) -> Path:
             continue
         ax.bar(x, values, bottom=bottom, color=color, label=safe_label(name), width=0.6)
         bottom = [b + v for b, v in zip(bottom, values)]
-    for i, total in enumerate(bottom):
-        ax.annotate(f"{total:.3g} ms", (i, total), ha="center", va="bottom", fontsize=8)
+    # the stack exceeds the step by the overlap (two streams at once): the step is marked on the bar and written
+    means = [r["mean_step_ms"] for r in rows]
+    ax.hlines(means, [i - 0.33 for i in x], [i + 0.33 for i in x], colors="black", linewidth=1.6,
+              label="mean step (the stack minus overlap)")
+    for i, (total, mean) in enumerate(zip(bottom, means)):
+        ax.annotate(f"{mean:.3g} ms", (i, max(total, mean)), ha="center", va="bottom", fontsize=8)
     _label_bars([ax], x, [bar_label(_bar_name(r), r["device"], r["n_devices"]) for r in rows])
     ax.set_ylabel("ms per step (kernel time by category + idle)")
     ax.set_title("Campaign: time per decode step, per experiment", fontsize=11)

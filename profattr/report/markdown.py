@@ -311,8 +311,9 @@ def category_chart_section(data) -> list:
         return []
     return ["## Categories per capture", "",
             f"![kernel time per category and idle time, per capture]({name})", "",
-            "Left: ms per step, stacked by category, idle on top; right: the same as shares of the step. "
-            "The largest categories are shown one by one, the rest summed.", ""]
+            "Left: ms per step, stacked by category, idle on top, with a black line at the mean step (the stack "
+            "is taller by the overlap: kernels of two streams at once); right: the same as shares of kernel time + "
+            "idle. The largest categories are shown one by one, the rest summed.", ""]
 
 
 # --- lint and gap -----------------------------------------------------------------------------------------------------
