@@ -28,7 +28,11 @@ ALL_CAPTURES = WORKLOAD_CAPTURES + SGLANG_CAPTURES + SGLANG_EAGER_CAPTURES
 # with two replicate windows of one server each (-r1, -r2), the eager twin with layerwise NVTX, the TP8 per-rank slice
 GLM_BACKENDS = ["triton", "cutlass"]
 GLM_GRAPH_CAPTURES = ([f"glm5/glm-{b}-bs{bs}-r{r}" for b in GLM_BACKENDS for bs in (1, 4, 8) for r in (1, 2)]
-                      + ["glm5/glm-deep_gemm-r1", "glm5/glm-deep_gemm-r2"])
+                      + ["glm5/glm-deep_gemm-r1", "glm5/glm-deep_gemm-r2"]
+                      # a later server session: dense FP8 GEMMs on Triton (fp8tr) or DeepGEMM (fp8dg), and both
+                      # GEMM paths on DeepGEMM (dgdg), batch 1 and 4
+                      + [f"glm5/glm-{c}-bs{bs}-r{r}" for c in ("fp8tr", "fp8dg", "dgdg") for bs in (1, 4)
+                         for r in (1, 2)])
 GLM_CAPTURES = GLM_GRAPH_CAPTURES + ["glm5/glm-triton-eager", "glm5/glm-tp8slice"]
 # nsys 2023.4.4 on the same decode: its importer kept 50 of the 6160 kernels (the report a user of it gets)
 GLM_LOSSY_CAPTURE = "glm5/glm-triton-nsys2023"
