@@ -271,15 +271,20 @@ def run_json(content: str | None, command="check"):
     return build
 
 
-def ledger_file(content: bytes | None, args=("list",)):
+def _input_file(name: str, content: bytes | None, argv):
+    """A case whose input is the file NAME holding `content` (a FIFO when None); argv(path) is the command."""
     def build(f):
-        p = f / "ledger.db"
+        p = f / name
         if content is None:
             os.mkfifo(p)
         else:
             p.write_bytes(content)
-        return ["ledger", *args, "--ledger", p]
+        return argv(p)
     return build
+
+
+def ledger_file(content: bytes | None, args=("list",)):
+    return _input_file("ledger.db", content, lambda p: ["ledger", *args, "--ledger", p])
 
 
 def truncated_ledger(f):
@@ -297,14 +302,7 @@ def truncated_ledger(f):
 
 
 def ncu_csv(content: bytes | None):
-    def build(f):
-        p = f / "d.ncu.csv"
-        if content is None:
-            os.mkfifo(p)
-        else:
-            p.write_bytes(content)
-        return ["drill-report", p]
-    return build
+    return _input_file("d.ncu.csv", content, lambda p: ["drill-report", p])
 
 
 def args(*a, with_export=False):
