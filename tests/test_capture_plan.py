@@ -233,3 +233,26 @@ def test_stream_ms_per_token_excludes_prefill_and_handles_grouped_events():
     assert sglang.ms_per_token([r, sglang.StreamResult(0.0, [0.0, 0.03], [1, 4])]) == pytest.approx((10 + 10) / 2)
     s = sglang.spread([3.0, 1.0, 2.0])
     assert (s["median"], s["min"], s["max"], s["n"]) == (2.0, 1.0, 3.0, 3)
+
+
+def test_dry_run_cpu_samples_adds_sampling_flags(tmp_path):
+    """--cpu-samples: nsys profile samples the process tree with Python backtrace sampling; with a session window,
+    nsys launch samples Python and nsys start the process tree; without it, sampling stays off."""
+    nsys = fake_nsys(tmp_path)
+    result = invoke(["capture", "--dry-run", "--nsys", nsys, "--cpu-samples", "--trace", "nvtx", "--capture-range",
+                     "none", "-o", str(tmp_path / "out"), "--", sys.executable, "-c", "pass"])
+    assert result.exit_code == 0, result.output
+    profile = shlex.split(lines_with(result.output, " profile ")[0])
+    assert "--sample=process-tree" in profile and "--python-sampling=true" in profile
+    assert "--sample=none" not in profile and "--cpuctxsw=none" in profile
+    assert profile[-3:] == [sys.executable, "-c", "pass"]
+    session = invoke(["capture", "--dry-run", "--nsys", nsys, "--cpu-samples", "--model", "M", "--backend", "cutlass",
+                      "--capture-range", "session", "-o", str(tmp_path / "out2")])
+    assert session.exit_code == 0, session.output
+    launch = shlex.split(lines_with(session.output, " launch ")[0])
+    start = shlex.split(lines_with(session.output, " start --session")[0])
+    assert "--python-sampling=true" in launch and "--sample=process-tree" in start
+    plain = invoke(["capture", "--dry-run", "--nsys", nsys, "--trace", "nvtx", "--capture-range", "none", "-o",
+                    str(tmp_path / "out3"), "--", sys.executable, "-c", "pass"])
+    profile = shlex.split(lines_with(plain.output, " profile ")[0])
+    assert "--sample=none" in profile and not any(a.startswith("--python-sampling") for a in profile)

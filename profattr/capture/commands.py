@@ -48,6 +48,9 @@ def _echo(message: str) -> None:
 @click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
               help="replicate windows per batch size (SGLang: windows of one server, named NAME-rI; workload or "
                    "command: separate runs)")
+@click.option("--cpu-samples", is_flag=True, help="nsys: also record CPU samples of the process tree with Python "
+              "backtrace sampling (--sample=process-tree --python-sampling=true); the report then names the "
+              "functions the step's CPU thread ran while the GPU idled")
 @click.option("--cuda-graph-trace", type=click.Choice(["node", "graph"]), default="node", show_default=True,
               help="node: one row per replayed kernel (graph: replayed kernels are not recorded)")
 @click.option("--model", metavar="PATH", help="SGLang target: model folder (or Hugging Face id) to serve")
@@ -85,7 +88,7 @@ def _echo(message: str) -> None:
                    "measure the profiled ms/token in the capture, check")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def capture(out_dir, name, force, dry_run, nsys_path, trace, capture_range, nvtx_capture, profiler, torch_with_stack,
-            repeat, cuda_graph_trace, model, backend, tp, host, port, launcher, health_timeout_s, input_len,
+            repeat, cpu_samples, cuda_graph_trace, model, backend, tp, host, port, launcher, health_timeout_s, input_len,
             max_new_tokens, batch_spec, warmup, trials, steps, workload, mode, moe_impl, graph_window, timeout_s,
             finish_dir, args):
     """Record decode under Nsight Systems and export it: an SGLang server (--model), the built-in workload
@@ -111,7 +114,7 @@ def capture(out_dir, name, force, dry_run, nsys_path, trace, capture_range, nvtx
         input_len=input_len, max_new_tokens=max_new_tokens, batch=batches[0], warmup=warmup, trials=trials,
         steps=steps, workload=workload, mode=mode, moe_impl=moe_impl, graph_window=graph_window, timeout_s=timeout_s,
         batches=batches if len(batches) > 1 else (), repeat=repeat, nvtx_capture=nvtx_capture, profiler=profiler,
-        torch_with_stack=torch_with_stack)
+        torch_with_stack=torch_with_stack, cpu_samples=cpu_samples)
     plans = capture_plan.plan_all(opts)
     if dry_run:
         click.echo("\n".join(capture_plan.describe(p) for p in plans))

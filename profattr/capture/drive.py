@@ -116,7 +116,8 @@ def profile_window(p: Plan, client, body: dict, w: Window, run: dict, echo: Echo
         # the window is the requests' whole decode: their prefill, then one step per token after the first
         window["steps_requested"] = o.max_new_tokens
         window["steps_note"] = "session window: the requests' prefill and all their decode steps"
-        nsys_tool.session_call(nsys_tool.start_command(p.profile_cmd[0], p.session, p.nsys_output(w)))
+        nsys_tool.session_call(nsys_tool.start_command(p.profile_cmd[0], p.session, p.nsys_output(w),
+                                                       cpu_samples=p.options.cpu_samples))
         echo(f"window {w.name} open (nsys session)")
         results = sglang.run_concurrent(client, body, w.batch)
         nsys_tool.session_call(nsys_tool.stop_command(p.profile_cmd[0], p.session))

@@ -75,6 +75,7 @@ class Options:
     batches: tuple = ()
     repeat: int = 1
     nvtx_capture: str | None = None
+    cpu_samples: bool = False  # nsys --sample=process-tree --python-sampling=true
     profiler: str = "nsys"
     torch_with_stack: bool = False
     # profiler ncu (profattr drill): the kernels to profile inside the window
@@ -317,13 +318,13 @@ def plan(opts: Options) -> Plan:
     elif capture_range == "session":
         session = f"profattr-{name}"
         profile_cmd = nsys_tool.launch_command(nsys_path, session, target_cmd, trace=trace,
-                                               cuda_graph_trace=opts.cuda_graph_trace)
+                                               cuda_graph_trace=opts.cuda_graph_trace, cpu_samples=opts.cpu_samples)
     else:
         output = out_dir / windows[0].name if len(windows) == 1 else out_dir / name
         profile_cmd = nsys_tool.profile_command(nsys_path, output, target_cmd, trace=trace,
                                                 capture_range=capture_range, cuda_graph_trace=opts.cuda_graph_trace,
                                                 repeat=len(windows) if capture_range != "none" else 1,
-                                                nvtx_capture=opts.nvtx_capture)
+                                                nvtx_capture=opts.nvtx_capture, cpu_samples=opts.cpu_samples)
     return Plan(options=opts, target=target, name=name, nsys=tool, trace=trace, capture_range=capture_range,
                 target_cmd=target_cmd, profile_cmd=profile_cmd, env={"PYTHONUNBUFFERED": "1"},
                 backend_sglang=backend, windows=windows, session=session, ncu=ncu_tool)
@@ -358,7 +359,8 @@ def describe(p: Plan) -> str:
                 lines.append(f"# {step}. window {w.name}: {window_how(p, w)}")
                 if p.capture_range == "session":
                     lines.append(shell_join(nsys_tool.start_command(p.profile_cmd[0], p.session,
-                                                                    p.nsys_output(w))))
+                                                                    p.nsys_output(w),
+                                                                    cpu_samples=p.options.cpu_samples)))
                 else:
                     lines.append(sglang.curl(client, "/start_profile", window_body(p, w)))
                 lines.append(sglang.curl(client, "/generate", body))

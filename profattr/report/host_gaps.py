@@ -8,9 +8,15 @@ sum is the budget's idle time: launches.py). Against them, the time of every hos
   ones (no other range of their thread starts inside them), and none that encloses a whole step.
 An activity's figure is the idle time it overlaps, per step: two activities on two threads can overlap the same gap,
 so the figures do not add up to the idle time; each says how much of the idle that activity was running through.
+
+Where the capture has CPU samples (nsys --sample), the samples of the step's CPU thread (the one that launches the
+step's GPU work) that fall inside that step's gaps, by function: the leaf frame (symbol, module) and, where the
+call chain has Python frames, the innermost one. A sample stands for one sampling period of the thread's CPU time,
+so a function's share of the idle is its samples times the period over the idle time.
 """
 from __future__ import annotations
 
+import os
 import re
 
 import numpy as np
@@ -23,10 +29,12 @@ TOP = 5
 KINDS = ("graph launches", "kernel launches", "memory calls", "synchronizations")
 
 
-def idle_intervals(step: np.ndarray, start: np.ndarray, end: np.ndarray) -> tuple:
-    """(starts, ends) of the idle gaps between consecutive ops of each step, sorted and disjoint."""
+def idle_intervals(step: np.ndarray, start: np.ndarray, end: np.ndarray, with_step: bool = False) -> tuple:
+    """(starts, ends) of the idle gaps between consecutive ops of each step, sorted and disjoint; with `with_step`,
+    also the step of each gap."""
     if len(start) == 0:
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        empty = np.zeros(0, dtype=np.int64)
+        return (empty, empty, empty) if with_step else (empty, empty)
     order = np.lexsort((start, step))
     g, s, e = step[order], start[order], end[order]
     same = np.zeros(len(s), dtype=bool)
@@ -42,6 +50,8 @@ def idle_intervals(step: np.ndarray, start: np.ndarray, end: np.ndarray) -> tupl
     keep = same[1:] & (gap_end > gap_start)
     gs, ge = gap_start[keep], gap_end[keep]
     order = np.argsort(gs, kind="stable")
+    if with_step:
+        return gs[order], ge[order], g[1:][keep][order]
     return gs[order], ge[order]
 
 
@@ -112,6 +122,70 @@ def host_activity(gs, ge, api: dict, ranges: pd.DataFrame | None, steps, n_steps
         frame = frame[frame["ns"] > 0]
         top = frame.groupby("text", sort=False)["ns"].sum().sort_values(ascending=False).head(TOP)
         out["nvtx"] = [{"text": clean(str(t)), "ms_per_step": float(v) / n / NS_PER_MS} for t, v in top.items()]
+    return out
+
+
+def in_gaps(gs: np.ndarray, ge: np.ndarray, gap_tid: np.ndarray, tid: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Per sample (tid, t): it lies inside a gap [gs, ge) of the disjoint sorted gaps, on that gap's thread."""
+    if len(gs) == 0 or len(t) == 0:
+        return np.zeros(len(t), dtype=bool)
+    i = np.searchsorted(gs, t, side="right") - 1
+    j = np.clip(i, 0, None)
+    return (i >= 0) & (t < ge[j]) & (tid == gap_tid[j])
+
+
+def sample_period(tid: np.ndarray, t: np.ndarray) -> float | None:
+    """The sampling period (ns) estimated from the samples: the median spacing of a thread's consecutive samples
+    (a busy thread is sampled once a period); None with fewer than two on one thread."""
+    order = np.lexsort((t, tid))
+    same = tid[order][1:] == tid[order][:-1]
+    spacing = np.diff(t[order])[same]
+    spacing = spacing[spacing > 0]
+    return float(np.median(spacing)) if len(spacing) else None
+
+
+def split_frame(symbol: str, module: str) -> tuple:
+    """(function, file name) of a frame: a perf-map name 'py::function:file' split, else the symbol and the last
+    part of the module's path."""
+    if symbol.startswith("py::"):
+        name, _, source = symbol[4:].rpartition(":")
+        if name:
+            symbol, module = name, source
+    return symbol, os.path.basename(module.rstrip("/")) or module
+
+
+def sample_summary(gs, ge, gap_tid, samples: dict | None, names: dict, n_steps: int,
+                   period_ns: float | None = None) -> dict | None:
+    """{"samples_per_step", "period_ms", "share_of_idle", "functions": [{function, module, python, samples_per_step,
+    share_of_idle}]}: the samples of each gap's thread inside the gaps, the top functions first; None without
+    samples. `names`: StringIds id -> text; `period_ns`: the capture's sampling period (else estimated)."""
+    if samples is None or not len(samples["tid"]):
+        return None
+    inside = in_gaps(gs, ge, gap_tid, samples["tid"], samples["start"])
+    n = max(n_steps, 1)
+    if period_ns is None:
+        threads = np.isin(samples["tid"], np.unique(gap_tid))
+        period_ns = sample_period(samples["tid"][threads], samples["start"][threads])
+    idle = float((ge - gs).sum())
+
+    def share(count):
+        return count * period_ns / idle if period_ns and idle > 0 else None
+
+    out = {"samples_per_step": float(inside.sum()) / n, "period_ms": period_ns / NS_PER_MS if period_ns else None,
+           "share_of_idle": share(float(inside.sum())), "functions": []}
+    if not inside.any():
+        return out
+    keys = np.stack([samples[k][inside] for k in ("leaf_symbol", "leaf_module", "py_symbol", "py_module")])
+    uniq, counts = np.unique(keys, axis=1, return_counts=True)
+    for k in np.argsort(-counts, kind="stable")[:TOP]:
+        symbol, module, py_symbol, py_module = (int(v) for v in uniq[:, k])
+        function, file = split_frame(clean(names.get(symbol, "[unknown]")), clean(names.get(module, "")))
+        python = None
+        if py_symbol >= 0:
+            py_function, py_file = split_frame(clean(names.get(py_symbol, "")), clean(names.get(py_module, "")))
+            python = f"{py_function} ({py_file})" if py_file else py_function
+        out["functions"].append({"function": function, "module": file, "python": python,
+                                 "samples_per_step": float(counts[k]) / n, "share_of_idle": share(float(counts[k]))})
     return out
 
 

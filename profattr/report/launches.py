@@ -10,7 +10,8 @@ Per device, over the budget's steps:
 - of the gaps charged to replayed ops, those before the first node of a replay (the GPU waiting for the replay to
   start: the host's cudaGraphLaunch) apart from those between its nodes, with the share of replays whose launch call
   began only after the GPU had gone idle (the host behind the GPU) and the launch call's host time;
-- what the host was doing during those gaps (host_gaps.py: CUDA API calls and NVTX ranges that overlap them).
+- what the host was doing during those gaps (host_gaps.py: CUDA API calls and NVTX ranges that overlap them, and,
+  where the capture has CPU samples, the functions the step's CPU thread was sampled in).
 """
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ def launch_stats(budget: Budget) -> list:
     with open_trace(budget.path) as source:
         api = source.api_calls()
         ranges = source.ranges()
+        samples, names, period = _samples(source)
     calls = _calls_per_step(budget, api)
     out = []
     for d in budget.devices:
@@ -43,10 +45,38 @@ def launch_stats(budget: Budget) -> list:
         stats = _device_stats(att, device, steps, calls, d)
         stats.update(_replay_starts(att, device, len(steps), api))
         sel = (att.step >= 0) & (att.ops.device == device)
-        gs, ge = host_gaps.idle_intervals(att.step[sel], att.ops.start[sel], att.ops.end[sel])
+        gs, ge, gap_step = host_gaps.idle_intervals(att.step[sel], att.ops.start[sel], att.ops.end[sel],
+                                                    with_step=True)
         stats["host_in_idle"] = host_gaps.host_activity(gs, ge, api, ranges, att.steps, len(steps))
+        summary = host_gaps.sample_summary(gs, ge, _step_threads(att, device, gap_step), samples, names, len(steps),
+                                           period)
+        if summary is not None:  # only captures with CPU samples say anything about them
+            stats["host_in_idle"]["cpu_samples"] = summary
         out.append(stats)
     return out
+
+
+def _samples(source):
+    """(CPU samples, {string id: text} of their frames, sampling period ns or None); (None, {}, None) without."""
+    samples = source.cpu_samples()
+    if samples is None or not len(samples["tid"]):
+        return None, {}, None
+    ids = np.unique(np.concatenate([samples[k] for k in ("leaf_symbol", "leaf_module", "py_symbol", "py_module")]))
+    return samples, source.strings(ids[ids >= 0]), source.sampling_period_ns()
+
+
+def _step_threads(att, device: int, gap_step: np.ndarray) -> np.ndarray:
+    """The CPU thread of each gap's step: the thread the step was found on (the one that launches its GPU work);
+    for a capture taken as one whole step, the thread that launched most of the device's ops."""
+    tid = np.asarray(att.steps.tid, dtype=np.int64)
+    if att.steps.source != "whole" and len(tid):
+        return tid[gap_step]
+    ops = att.ops
+    launch = ops.launch_tid[(ops.device == device) & ops.launched]
+    if not len(launch):
+        return np.full(len(gap_step), -1, dtype=np.int64)
+    values, counts = np.unique(launch, return_counts=True)
+    return np.full(len(gap_step), values[counts.argmax()], dtype=np.int64)
 
 
 def _calls_per_step(budget: Budget, api: dict) -> np.ndarray | None:

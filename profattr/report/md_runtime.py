@@ -1,5 +1,5 @@
 """Report sections on how the GPU's time is spent outside kernels: idle time and launches (with what the host did
-meanwhile) and, with several ranks, tensor parallelism (transfer vs wait per rank)."""
+meanwhile: CUDA calls, NVTX ranges and, where the capture has CPU samples, the functions of the step's CPU thread) and, with several ranks, tensor parallelism (transfer vs wait per rank)."""
 from __future__ import annotations
 
 from profattr.report import host_gaps
@@ -14,7 +14,7 @@ def launch_section(data) -> list:
            "step (their sum is the idle time), each charged to the op that ends it: the first node of a CUDA-graph "
            "replay (the GPU waiting for the host's cudaGraphLaunch), a later node of a replay, or an op launched by "
            "itself.", ""]
-    rows, gap_rows, notes = [], [], []
+    rows, gap_rows, notes, sample_rows = [], [], [], []
     for cap in data.captures:
         devices = {d["device"]: d for d in cap.budget["devices"]}
         for s in cap.launches:
@@ -38,6 +38,7 @@ def launch_section(data) -> list:
             host = host_gaps.describe(s.get("host_in_idle") or {})
             if host:
                 notes[-1] += md_escape(f"; {host}")
+            sample_rows += _sample_rows(label, (s.get("host_in_idle") or {}).get("cpu_samples"))
     out += _table(["capture", "mode", "graph launches/step", "kernel launches/step", "memcpy/memset calls/step",
                    "sync calls/step", "kernels/step", "ops replayed from a graph/step", "ops launched eagerly/step"],
                   rows)
@@ -47,10 +48,33 @@ def launch_section(data) -> list:
                    "idle before eager ops ms", "mean gap µs", "median nonzero gap µs", "largest gap per step µs"],
                   gap_rows)
     out += [""] + notes + [""]
+    if sample_rows:
+        out += ["CPU samples (nsys `--sample`) of each step's CPU thread, the thread that launches the step's GPU "
+                "work, that fall inside the step's idle gaps: by leaf function (and the innermost Python function "
+                "of the call chain, where it has Python frames); a sample stands for one sampling period of CPU "
+                "time, so its share of the idle is samples × period over the idle time.", ""]
+        out += _table(["capture", "leaf function", "module", "Python function", "samples/step", "share of idle"],
+                      sample_rows)
+        out += [""]
     name = data.charts.get("launches")
     if name:
         out += [f"![busy vs idle time and how the ops are launched, per capture]({name})", ""]
     return out
+
+
+def _sample_rows(label: str, summary) -> list:
+    """Table rows for one device's CPU samples in the idle gaps: all of them, then the top functions."""
+    if not summary:
+        return []
+    def share(x):
+        return _pct(x) if x is not None else "n/a"
+
+    rows = [[label, "all samples of the thread", "", "", f"{summary['samples_per_step']:.2f}",
+             share(summary["share_of_idle"])]]
+    for f in summary["functions"]:
+        rows.append([label, md_escape(f["function"]), md_escape(f["module"]), md_escape(f["python"] or ""),
+                     f"{f['samples_per_step']:.2f}", share(f["share_of_idle"])])
+    return rows
 
 
 def tp_section(data) -> list:

@@ -172,18 +172,24 @@ def find_importer(nsys_path: str | None) -> str | None:
 def profile_command(nsys: str, output_base, command: Sequence[str], *, trace: str = GPU_TRACE,
                     capture_range: str = "cudaProfilerApi", cuda_graph_trace: str = "node",
                     fork_before_exec: bool = True, extra: Sequence[str] = (), repeat: int = 1,
-                    nvtx_capture: str | None = None) -> list:
+                    nvtx_capture: str | None = None, cpu_samples: bool = False) -> list:
     """`nsys profile ... -o OUTPUT_BASE COMMAND...` as an argument list. OUTPUT_BASE has no suffix: nsys adds
     `.nsys-rep` (or `.qdstrm` where no importer is installed). `repeat` > 1 records that many capture ranges, one
-    report each, which nsys names OUTPUT_BASE.1, OUTPUT_BASE.2, ..."""
+    report each, which nsys names OUTPUT_BASE.1, OUTPUT_BASE.2, ... `cpu_samples`: record CPU samples of the
+    process tree, with Python backtrace sampling (the report's idle section reads them)."""
     args = [nsys, "profile", *_trace_flags(trace, cuda_graph_trace, fork_before_exec)]
     if capture_range and capture_range != "none":
         args.append(f"--capture-range={capture_range}")
         if capture_range == "nvtx" and nvtx_capture:
             args.append(f"--nvtx-capture={nvtx_capture}")
         args.append("--capture-range-end=stop" if repeat <= 1 else f"--capture-range-end=repeat:{repeat}")
-    args += ["--sample=none", "--cpuctxsw=none", *extra, "-o", str(output_base)]
+    args += [*_sample_flags(cpu_samples), *(["--python-sampling=true"] if cpu_samples else []), "--cpuctxsw=none",
+             *extra, "-o", str(output_base)]
     return args + list(command)
+
+
+def _sample_flags(cpu_samples: bool) -> list:
+    return ["--sample=process-tree"] if cpu_samples else ["--sample=none"]
 
 
 def _trace_flags(trace: str, cuda_graph_trace: str, fork_before_exec: bool) -> list:
@@ -196,15 +202,16 @@ def _trace_flags(trace: str, cuda_graph_trace: str, fork_before_exec: bool) -> l
 
 
 def launch_command(nsys: str, session: str, command: Sequence[str], *, trace: str = GPU_TRACE,
-                   cuda_graph_trace: str = "node", fork_before_exec: bool = True) -> list:
+                   cuda_graph_trace: str = "node", fork_before_exec: bool = True, cpu_samples: bool = False) -> list:
     """`nsys launch`: start COMMAND with nsys's injection in a named session, recording nothing until
     `nsys start --session` (every process of the session is recorded from then until `nsys stop`)."""
     return [nsys, "launch", f"--session-new={session}", *_trace_flags(trace, cuda_graph_trace, fork_before_exec),
-            "--wait=all", *command]
+            *(["--python-sampling=true"] if cpu_samples else []), "--wait=all", *command]
 
 
-def start_command(nsys: str, session: str, output_base) -> list:
-    return [nsys, "start", f"--session={session}", "--sample=none", "--cpuctxsw=none", "-o", str(output_base)]
+def start_command(nsys: str, session: str, output_base, cpu_samples: bool = False) -> list:
+    return [nsys, "start", f"--session={session}", *_sample_flags(cpu_samples), "--cpuctxsw=none", "-o",
+            str(output_base)]
 
 
 def stop_command(nsys: str, session: str) -> list:

@@ -345,6 +345,12 @@ class KinetoTrace:
         return self.claims.events({"tid": a["tid"][sel], "start": a["start"][sel], "end": a["end"][sel],
                                    "kind": kinds[sel]}, "api_calls")
 
+    def cpu_samples(self):
+        return None  # torch traces hold no CPU samples
+
+    def sampling_period_ns(self):
+        return None
+
     def kernel_configs(self) -> dict:
         g = self._gpu_arrays
         lo, hi = self.claims.window()

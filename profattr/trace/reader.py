@@ -42,7 +42,8 @@ class DamagedValues(ProfattrError):
 @dataclass
 class Export:
     """A read-only view of one nsys SQLite export, and the reader interface every capture format offers:
-    ops(), ranges(), graph_launches(), node_creation(), api_calls(), kernel_configs(), strings(ids), gpus."""
+    ops(), ranges(), graph_launches(), node_creation(), api_calls(), cpu_samples(), sampling_period_ns(),
+    kernel_configs(), strings(ids), gpus."""
 
     path: Path
     conn: sqlite3.Connection
@@ -136,6 +137,21 @@ class Export:
             return {k: np.zeros(0, dtype=np.int64) for k in ("tid", "start", "end", "kind")}
         return self._read(lambda: self.claims.events(self.arrays(load_query("api_calls"),
                                                                  ["tid", "start", "end", "kind"]), "api_calls"))
+
+    def cpu_samples(self) -> dict | None:
+        """CPU samples (trace/nsys_samples.py): arrays tid, start, leaf_symbol, leaf_module, py_symbol, py_module
+        (StringIds ids, -1 for no such frame); None when the capture recorded none."""
+        from profattr.trace import nsys_samples
+
+        if not nsys_samples.has_samples(self):
+            return None
+        return self._read(lambda: self.claims.events(nsys_samples.cpu_samples(self), "cpu_samples"))
+
+    def sampling_period_ns(self) -> float | None:
+        """The CPU sampling period (ns) the capture records; None when it says none."""
+        from profattr.trace import nsys_samples
+
+        return nsys_samples.sampling_period_ns(self)
 
     def has(self, table: str) -> bool:
         return table in self.tables

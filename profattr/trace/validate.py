@@ -42,11 +42,12 @@ MEMSET = "CUPTI_ACTIVITY_KIND_MEMSET"
 RUNTIME = "CUPTI_ACTIVITY_KIND_RUNTIME"
 NVTX = "NVTX_EVENTS"
 NSYS_NAMES = {KIND_KERNEL: KERNEL, KIND_MEMCPY: MEMCPY, KIND_MEMSET: MEMSET, "launch": RUNTIME, "ranges": NVTX,
-              "graph_launches": RUNTIME, "api_calls": RUNTIME, "node_creation": "CUDA_GRAPH_EVENTS"}
+              "graph_launches": RUNTIME, "api_calls": RUNTIME, "node_creation": "CUDA_GRAPH_EVENTS",
+              "cpu_samples": "COMPOSITE_EVENTS"}
 TORCH_NAMES = {KIND_KERNEL: "kernel events", KIND_MEMCPY: "gpu_memcpy events", KIND_MEMSET: "gpu_memset events",
                "launch": "cuda_runtime events", "ranges": "user_annotation events",
                "graph_launches": "cuda_runtime events", "api_calls": "cuda_runtime events",
-               "node_creation": "graph events"}
+               "node_creation": "graph events", "cpu_samples": "cpu samples"}
 
 
 @dataclass(frozen=True)
@@ -70,8 +71,11 @@ _GPU_OP = [Column("start"), Column("end"), Column("deviceId", low=0, high=INT31)
 _GRAPH_EVENTS = [Column("start"), Column("globalTid"), Column("graphNodeId", nullable=True),
                  Column("originalGraphNodeId", nullable=True)]
 # tables read only when they have these columns (node creation needs both ids: trace/nsys_tables.py)
+# (CPU samples: nsys_samples.py reads them only with these columns, and without them does without samples)
 READ_ONLY_WITH = {"CUDA_GRAPH_EVENTS": {"graphNodeId", "originalGraphNodeId"},
-                  "CUDA_GRAPH_NODE_EVENTS": {"graphNodeId", "originalGraphNodeId"}}
+                  "CUDA_GRAPH_NODE_EVENTS": {"graphNodeId", "originalGraphNodeId"},
+                  "COMPOSITE_EVENTS": {"id", "start", "globalTid"},
+                  "SAMPLING_CALLCHAINS": {"id", "symbol", "module", "stackDepth"}}
 # no capture holds a time beyond +-2^62 ns (146 years): such a row is damaged even where the arrays never see it
 # (a difference of two such times would overflow 64 bits inside SQLite)
 _TIMES = [(f'(typeof("start") != \'integer\' OR "start" BETWEEN -{2 ** 62} AND {2 ** 62}) AND '
@@ -92,6 +96,10 @@ TABLES = {
            + _TIMES),
     "CUDA_GRAPH_EVENTS": (_GRAPH_EVENTS, []),
     "CUDA_GRAPH_NODE_EVENTS": (_GRAPH_EVENTS, []),
+    "COMPOSITE_EVENTS": ([Column("id"), Column("start"), Column("globalTid", nullable=True)],
+                         [(f'typeof("start") != \'integer\' OR "start" BETWEEN -{2 ** 62} AND {2 ** 62}',
+                           "a time beyond 2^62 ns")]),
+    "SAMPLING_CALLCHAINS": ([Column("id"), Column("symbol"), Column("module"), Column("stackDepth")], []),
     "StringIds": ([Column("id"), Column("value", text=True)], []),
 }
 
