@@ -90,27 +90,46 @@ class Combos:
 
 
 class _Grow:
-    """Per (device, step) arrays that grow as pairs are met."""
+    """Per (device, step) arrays that grow as pairs are met; pair ids in order of first meeting."""
 
     def __init__(self):
-        self.index: dict = {}
-        self.device: list = []
-        self.step: list = []
+        self.keys = np.zeros(0, dtype=np.int64)  # device << 32 | step of the pairs met, sorted
+        self.key_ids = np.zeros(0, dtype=np.int64)  # pair id of each sorted key
+        self.device_of = np.zeros(0, dtype=np.int64)  # per pair id
+        self.step_of = np.zeros(0, dtype=np.int64)
         self.cols = {k: np.zeros(0, dtype=np.int64)
                      for k in ("span_start", "span_end", "busy", "op_ns", "kernels", "carry_end", "last_start")}
 
+    @property
+    def device(self) -> np.ndarray:
+        return self.device_of
+
+    @property
+    def step(self) -> np.ndarray:
+        return self.step_of
+
     def ids(self, pairs: np.ndarray) -> np.ndarray:
-        out = np.empty(len(pairs), dtype=np.int64)
-        fresh = 0
-        for i, (d, s) in enumerate(pairs.tolist()):
-            j = self.index.get((d, s))
-            if j is None:
-                j = self.index[(d, s)] = len(self.device)
-                self.device.append(d)
-                self.step.append(s)
-                fresh += 1
-            out[i] = j
+        """Pair id of each (device, step) row of `pairs` (sorted, distinct: group_rows); new pairs get the next ids
+        in their row order. Devices fit 31 bits and steps 32 (Ops.device; a step index)."""
+        if len(pairs) == 0:
+            return np.zeros(0, dtype=np.int64)
+        key = (pairs[:, 0].astype(np.int64) << 32) | pairs[:, 1].astype(np.int64)
+        pos = np.searchsorted(self.keys, key)
+        known = np.zeros(len(key), dtype=bool)
+        inside = pos < len(self.keys)
+        known[inside] = self.keys[pos[inside]] == key[inside]
+        out = np.empty(len(key), dtype=np.int64)
+        out[known] = self.key_ids[pos[known]]
+        fresh = int((~known).sum())
         if fresh:
+            first = len(self.device_of)
+            out[~known] = np.arange(first, first + fresh)
+            self.device_of = np.concatenate([self.device_of, pairs[~known, 0].astype(np.int64)])
+            self.step_of = np.concatenate([self.step_of, pairs[~known, 1].astype(np.int64)])
+            keys = np.concatenate([self.keys, key[~known]])
+            order = np.argsort(keys, kind="stable")
+            self.keys = keys[order]
+            self.key_ids = np.concatenate([self.key_ids, out[~known]])[order]
             big, small = np.iinfo(np.int64).max, np.iinfo(np.int64).min
             fill = {"span_start": big, "span_end": small, "carry_end": small, "last_start": small}
             for k, v in self.cols.items():
@@ -121,7 +140,8 @@ class _Grow:
 class StepTotals:
     """The budget's totals over the windows added so far (see the module docstring)."""
 
-    def __init__(self):
+    def __init__(self, step_categories: bool = True):
+        self.step_categories = step_categories  # False: no per (step, category) table (finish gives None)
         self.pairs = _Grow()
         self.cat_ids: dict = {}  # category name -> id in order of first appearance
         self.cat_parts: list = []  # per window: (pair id, category id, ns, count)
@@ -162,18 +182,10 @@ class StepTotals:
         cols["op_ns"][gid] += np.bincount(group, weights=dur, minlength=n_groups).round().astype(np.int64)
         cols["kernels"][gid] += np.bincount(group, weights=ops.kind[sel] == KIND_KERNEL,
                                             minlength=n_groups).astype(np.int64)
-        # per (step, category): category id per registry combination
         cat_names = categories if categories is not None else np.array(
             [combos.category_of(i) for i in range(len(combos.rows))], dtype=object)
-        cat_of_reg = np.array([self.cat_ids.setdefault(c, len(self.cat_ids)) for c in cat_names], dtype=np.int64)
-        cat = cat_of_reg[reg] if len(cat_of_reg) else np.zeros(len(reg), dtype=np.int64)
-        n_cats = max(len(self.cat_ids), 1)
-        key = group * n_cats + cat
-        ns = np.bincount(key, weights=dur, minlength=n_groups * n_cats).round().astype(np.int64)
-        count = np.bincount(key, minlength=n_groups * n_cats)
-        hit = np.flatnonzero(count)
-        g_idx, c_idx = np.divmod(hit, n_cats)
-        self.cat_parts.append((gid[g_idx], c_idx, ns[hit], count[hit]))
+        if self.step_categories:
+            self._add_categories(gid, group, n_groups, reg, dur, cat_names)
         # per (device, combination)
         dc, dc_group = group_rows(dev, reg)
         ns = np.bincount(dc_group, weights=dur, minlength=len(dc)).round().astype(np.int64)
@@ -186,6 +198,18 @@ class StepTotals:
             if pick.any():
                 self.comm.append({"device": dev[pick], "stream": ops.stream[sel][pick], "start": start[pick],
                                   "end": end[pick], "step": stp[pick], "reg": reg[pick]})
+
+    def _add_categories(self, gid, group, n_groups, reg, dur, cat_names) -> None:
+        """Per (step, category) sums of one window: category id per registry combination."""
+        cat_of_reg = np.array([self.cat_ids.setdefault(c, len(self.cat_ids)) for c in cat_names], dtype=np.int64)
+        cat = cat_of_reg[reg] if len(cat_of_reg) else np.zeros(len(reg), dtype=np.int64)
+        n_cats = max(len(self.cat_ids), 1)
+        key = group * n_cats + cat
+        ns = np.bincount(key, weights=dur, minlength=n_groups * n_cats).round().astype(np.int64)
+        count = np.bincount(key, minlength=n_groups * n_cats)
+        hit = np.flatnonzero(count)
+        g_idx, c_idx = np.divmod(hit, n_cats)
+        self.cat_parts.append((gid[g_idx], c_idx, ns[hit], count[hit]))
 
     def _spans_and_busy(self, gid, group, start, end, n_groups) -> None:
         """First start, last end, and the union length of each group, continued from earlier windows.
@@ -234,8 +258,8 @@ class StepTotals:
         """(per_step, per_step_category, per_combo, outside) as summarize builds them from one window; `final` maps
         registry combinations to rows of `combos`."""
         p = self.pairs
-        dev = np.array(p.device, dtype=np.int32)
-        stp = np.array(p.step, dtype=np.int64)
+        dev = p.device.astype(np.int32)
+        stp = p.step.astype(np.int64)
         order = np.lexsort((stp, dev))  # (device, step) sorted, as group_rows gives
         rank = np.empty(len(order), dtype=np.int64)
         rank[order] = np.arange(len(order))
@@ -247,27 +271,8 @@ class StepTotals:
             "start_ns": c["span_start"], "end_ns": c["span_end"], "span_ns": c["span_end"] - c["span_start"],
             "busy_ns": c["busy"], "op_ns": c["op_ns"], "kernels": c["kernels"],
         })
-        # categories in the order of their first appearance in the final combos (pd.factorize, as summarize)
-        cat_codes, cat_names = pd.factorize(combos["category"].to_numpy())
-        n_cats = max(len(cat_names), 1)
-        code_of = {name: i for i, name in enumerate(cat_names)}
-        remap = np.array([code_of.get(name, 0) for name in self.cat_ids], dtype=np.int64)
-        if self.cat_parts:
-            g = np.concatenate([rank[x[0]] for x in self.cat_parts])
-            k = np.concatenate([remap[x[1]] for x in self.cat_parts])
-            ns_in = np.concatenate([x[2] for x in self.cat_parts])
-            cnt_in = np.concatenate([x[3] for x in self.cat_parts])
-        else:
-            g = k = ns_in = cnt_in = np.zeros(0, dtype=np.int64)
-        key = g * n_cats + k
-        size = n_groups * n_cats
-        ns = np.bincount(key, weights=ns_in, minlength=size).round().astype(np.int64)
-        count = np.bincount(key, weights=cnt_in, minlength=size).round().astype(np.int64)
-        g_idx, c_idx = np.divmod(np.flatnonzero(count), n_cats)
-        per_step_category = pd.DataFrame({"device": dev64[order][g_idx] if n_groups else [],
-                                          "step": stp[order][g_idx] if n_groups else [],
-                                          "category": np.asarray(cat_names, dtype=object)[c_idx],
-                                          "ns": ns[count > 0], "count": count[count > 0]})
+        per_step_category = (self._step_categories(rank, dev64[order], stp[order], n_groups, combos)
+                             if self.step_categories else None)
         if self.combo_parts:
             cdev = np.concatenate([x[0] for x in self.combo_parts]).astype(np.int32)
             creg = np.concatenate([final[x[1]] for x in self.combo_parts])
@@ -288,13 +293,37 @@ class StepTotals:
         outside = {d: (ns_, cnt) for d, (ns_, cnt) in self.outside.items()}
         return per_step, per_step_category, per_combo, outside
 
+    def _step_categories(self, rank, dev_sorted, step_sorted, n_groups, combos: pd.DataFrame) -> pd.DataFrame:
+        """per_step_category from the windows' parts; `rank`: final row of each pair id in (device, step) order."""
+        # categories in the order of their first appearance in the final combos (pd.factorize, as summarize)
+        cat_codes, cat_names = pd.factorize(combos["category"].to_numpy())
+        n_cats = max(len(cat_names), 1)
+        code_of = {name: i for i, name in enumerate(cat_names)}
+        remap = np.array([code_of.get(name, 0) for name in self.cat_ids], dtype=np.int64)
+        if self.cat_parts:
+            g = np.concatenate([rank[x[0]] for x in self.cat_parts])
+            k = np.concatenate([remap[x[1]] for x in self.cat_parts])
+            ns_in = np.concatenate([x[2] for x in self.cat_parts])
+            cnt_in = np.concatenate([x[3] for x in self.cat_parts])
+        else:
+            g = k = ns_in = cnt_in = np.zeros(0, dtype=np.int64)
+        key = g * n_cats + k
+        size = n_groups * n_cats
+        ns = np.bincount(key, weights=ns_in, minlength=size).round().astype(np.int64)
+        count = np.bincount(key, weights=cnt_in, minlength=size).round().astype(np.int64)
+        g_idx, c_idx = np.divmod(np.flatnonzero(count), n_cats)
+        return pd.DataFrame({"device": dev_sorted[g_idx] if n_groups else [],
+                             "step": step_sorted[g_idx] if n_groups else [],
+                             "category": np.asarray(cat_names, dtype=object)[c_idx],
+                             "ns": ns[count > 0], "count": count[count > 0]})
+
     def comm_ops(self, category_of_reg: np.ndarray):
         """(ops, step, category) holding the collectives inside steps and one stand-in op (no category) per
         (device, step) with work, which is all comm.collective_split reads; None without collectives."""
         if not self.comm:
             return None
         parts = {k: np.concatenate([w[k] for w in self.comm]) for k in self.comm[0]}
-        dev = np.concatenate([parts["device"], np.array(self.pairs.device, dtype=np.int32)])
+        dev = np.concatenate([parts["device"], self.pairs.device.astype(np.int32)])
         n = len(dev)
         zeros = np.zeros(n, dtype=np.int64)
         n_stand = len(self.pairs.device)
@@ -303,6 +332,6 @@ class StepTotals:
                   name_id=zeros.astype(np.int32), demangled_id=zeros.astype(np.int32), graph_node=zeros - 1,
                   stream=np.concatenate([parts["stream"], np.zeros(n_stand, dtype=np.int32)]),
                   kind=np.zeros(n, dtype=np.int8), launch_tid=zeros, launch_ns=zeros, launched=np.ones(n, bool))
-        step = np.concatenate([parts["step"], np.array(self.pairs.step, dtype=np.int64)])
+        step = np.concatenate([parts["step"], self.pairs.step.astype(np.int64)])
         category = np.concatenate([category_of_reg[parts["reg"]], np.full(n_stand, "", dtype=object)])
         return ops, step, category

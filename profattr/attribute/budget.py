@@ -93,7 +93,7 @@ class Budget:
     steps_count: int
     devices: list  # list of dicts, see to_dict()
     per_step: pd.DataFrame  # device, step, start_ns, end_ns, span_ns, busy_ns, op_ns, kernels
-    per_step_category: pd.DataFrame  # device, step, category, ns, count
+    per_step_category: pd.DataFrame | None  # device, step, category, ns, count (None: not asked for)
     attribution: Attribution | None = field(default=None, repr=False)
     context_method: str = "launch"
     nvtx_placement: dict | None = None  # ops per context method (Attribution.placement)
@@ -132,14 +132,15 @@ class Budget:
 
 def compute_budget(path, steps: str = "auto", rules: Sequence = (), force: bool = False,
                    keep_attribution: bool = False, mapping=None, by: str = "category",
-                   layer_range: str | None = None, skip_steps=None) -> Budget:
+                   layer_range: str | None = None, skip_steps=None, step_categories: bool = True) -> Budget:
     """Read a capture (.sqlite, .nsys-rep exported on demand, or torch-profiler traces) and compute its per-step
     budget.
 
     `mapping`: an eager capture of the same workload whose NVTX context is lent to replayed graph ops that have
     none (mapping.py). `by="layer"` adds per-layer rows to every device (`layer_range`: the layer regex).
     `skip_steps`: leave out the first N steps of each thread, or "auto" the slow start the steady-state test
-    finds (attribute/steady.py); the budget says what it left out.
+    finds (attribute/steady.py); the budget says what it left out. `step_categories=False` leaves out
+    `per_step_category` (one row per step and category: what diff reads, the largest table of a long capture).
     """
     if by not in ("category", "layer"):
         raise ProfattrError(f"--by {by!r}: expected category or layer")
@@ -151,7 +152,7 @@ def compute_budget(path, steps: str = "auto", rules: Sequence = (), force: bool 
     with open_trace(path, force=force) as export:
         reader = store_source(export)
         try:
-            budget = budget_windowed(reader, steps, ruleset, skip_steps) if windowed else None
+            budget = budget_windowed(reader, steps, ruleset, skip_steps, step_categories) if windowed else None
             claims = getattr(reader, "claims", None)
             if budget is not None and (not budget.devices or (claims is not None and claims.total())):
                 budget = None  # damaged rows or no work in the steps: the one-window path counts and says it
@@ -165,6 +166,8 @@ def compute_budget(path, steps: str = "auto", rules: Sequence = (), force: bool 
         add_layers(budget, attribution, layer_range)
     if not keep_attribution:
         budget.attribution = None
+    if not step_categories:
+        budget.per_step_category = None
     return budget
 
 
@@ -183,14 +186,15 @@ def store_source(export):
     return export
 
 
-def budget_windowed(source, steps_spec: str, ruleset, skip_steps=None) -> "Budget | None":
+def budget_windowed(source, steps_spec: str, ruleset, skip_steps=None, step_categories: bool = True
+                    ) -> "Budget | None":
     """The budget of an op-store reader (trace/cache.py StoreSource), window by window (attribute/windows.py);
     None when its ops are not in start order (then budget_of computes it in one window)."""
     from profattr.attribute.windows import windowed_budget
 
     if getattr(source, "store", None) is None:  # a torch-profiler trace: streamed into columns, no op store
         return None
-    return windowed_budget(source, steps_spec, ruleset, skip_steps)
+    return windowed_budget(source, steps_spec, ruleset, skip_steps, step_categories)
 
 
 def budget_of(export, steps: str = "auto", ruleset=None, mapping: "Attribution | None" = None,

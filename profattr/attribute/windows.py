@@ -14,8 +14,9 @@ from profattr.attribute.nvtx import load_ranges
 from profattr.attribute.steps import find_steps
 
 
-def windowed_budget(source, steps_spec: str, ruleset, skip_steps=None):
-    """The Budget of `source` (a StoreSource), or None when its ops are not in start order."""
+def windowed_budget(source, steps_spec: str, ruleset, skip_steps=None, step_categories: bool = True):
+    """The Budget of `source` (a StoreSource), or None when its ops are not in start order; without
+    `step_categories`, its per_step_category is None (and never held)."""
     from profattr.attribute import budget as B
 
     store = source.store
@@ -23,7 +24,7 @@ def windowed_budget(source, steps_spec: str, ruleset, skip_steps=None):
     steps = find_steps(source, steps_spec, ranges, store)
     patterns = list(ruleset.context_patterns)
     combos = Combos(source, patterns, ruleset)
-    budget = _pass(source, store, steps, ranges, patterns, combos)
+    budget = _pass(source, store, steps, ranges, patterns, combos, step_categories=step_categories)
     if budget is None or skip_steps in (None, 0, "0"):
         return budget
     leading = B._leading_to_skip(budget, skip_steps)
@@ -31,10 +32,10 @@ def windowed_budget(source, steps_spec: str, ruleset, skip_steps=None):
         return budget
     how = "auto: the slow start the steady-state test found" if skip_steps == "auto" else "--skip-steps"
     kept, remap = B.skip_remap(steps, leading, f"first {leading} step(s) of each thread ({how})")
-    return _pass(source, store, kept, ranges, patterns, combos, remap, assign=steps)
+    return _pass(source, store, kept, ranges, patterns, combos, remap, assign=steps, step_categories=step_categories)
 
 
-def _pass(source, store, steps, ranges, patterns, combos: Combos, remap=None, assign=None):
+def _pass(source, store, steps, ranges, patterns, combos: Combos, remap=None, assign=None, step_categories=True):
     """One pass over the windows. `steps` are the budget's; with `remap`, ops are assigned to the steps `assign`
     (all of them) and then renumbered into `steps` (-1: a left-out step)."""
     from profattr.attribute import budget as B
@@ -44,7 +45,7 @@ def _pass(source, store, steps, ranges, patterns, combos: Combos, remap=None, as
     windows = source.time_windows() if hasattr(source, "time_windows") else store.time_windows()
     if windows is None:
         return None
-    totals = StepTotals()
+    totals = StepTotals(step_categories)
     counts = PlacementCounts()
     selected = B.context_ranges(ranges, patterns)
     for ops in windows:

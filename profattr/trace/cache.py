@@ -106,7 +106,7 @@ class StoreSource:
         from profattr.trace.validate import Claims
 
         claims = self.export.claims
-        window = claims.window(self._start_sample())
+        window = self._window()
         totals: dict = {}
         for ops in windows:
             part = Claims(claims.path, names=claims.names)
@@ -122,13 +122,30 @@ class StoreSource:
                 if reason != "rows":
                     claims.record(table, reason, n)
 
+    def _window(self) -> tuple:
+        """The reader's time range (validate.Claims.window): from the store's kernel starts on disk when they are in
+        start order (the same window as from all kernel starts in memory), else from a sample of the op starts."""
+        starts = self.store.sorted_kernel_starts()
+        claims = self.export.claims
+        return claims.window_sorted(starts) if starts is not None else claims.window(self._start_sample())
+
+    def _sorted_window(self) -> None:
+        """Fix the time range from the store's kernel starts when they are in start order (else the reader reads
+        every kernel start when a check first needs it)."""
+        starts = self.store.sorted_kernel_starts()
+        if starts is not None:
+            self.export.claims.window_sorted(starts)
+
     def ranges(self):
+        self._sorted_window()
         return self.export.claims.ranges(self.store.ranges())
 
     def graph_launches(self):
+        self._sorted_window()
         return self.export.claims.events(self.store.graph_launches(), "graph_launches")
 
     def node_creation(self):
+        self._sorted_window()
         return self.export.claims.events(self.store.node_creation(), "node_creation")
 
     def strings(self, ids):

@@ -149,7 +149,11 @@ def ranges_frame(rows: list, domains: dict) -> pd.DataFrame:
     """The ranges frame of range_rows' output (also what the op store rebuilds it from)."""
     if not rows:
         return empty_ranges()
-    frame = pd.DataFrame(rows, columns=["start", "end", "tid", "text", "domain_id"])
+    return with_domains(pd.DataFrame(rows, columns=["start", "end", "tid", "text", "domain_id"]), domains)
+
+
+def with_domains(frame: pd.DataFrame, domains: dict) -> pd.DataFrame:
+    """The ranges frame from one with start, end, tid, text, domain_id columns: the domain's name for its id."""
     pid = frame["tid"].to_numpy() & ~0xFFFFFF
     frame["domain"] = [domains.get((int(d), int(p)), "") if d else ""
                        for d, p in zip(frame["domain_id"].to_numpy(), pid)] if domains else ""

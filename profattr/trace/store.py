@@ -106,6 +106,14 @@ class OpStore:
             parts = [p for p in parts if len(p)] or parts[:1]
             yield concat_ops(parts) if len(parts) > 1 else parts[0]
 
+    def sorted_kernel_starts(self) -> "ColumnView | None":
+        """Every kernel's start, when the kernel rows are in start order (as nsys writes them), as a sequence read a
+        value at a time; None otherwise."""
+        segments = self.meta.get("segments") or []
+        if not segments or segments[0][0] != KIND_KERNEL or not segments[0][3]:
+            return None
+        return ColumnView(self, "start", segments[0][1], segments[0][2])
+
     def launch_windows(self, size: int | None = None):
         """(launch_tid, launch_ns, launched) of each window: all steps.auto_steps needs from the ops."""
         for lo, hi in self.bounds(size):
@@ -117,10 +125,13 @@ class OpStore:
         t = self.tables
         if "ranges_start" not in t:
             return nsys_tables.empty_ranges()
-        rows = list(zip(t["ranges_start"].tolist(), t["ranges_end"].tolist(), t["ranges_tid"].tolist(),
-                        self.text["ranges_text"], t["ranges_domain"].tolist()))
+        if not len(t["ranges_start"]):
+            return nsys_tables.empty_ranges()
+        # column by column (a tuple per row would hold every range as Python objects)
+        frame = pd.DataFrame({"start": t["ranges_start"], "end": t["ranges_end"], "tid": t["ranges_tid"],
+                              "text": self.text["ranges_text"], "domain_id": t["ranges_domain"]})
         domains = {(int(d), int(p)): s for d, p, s in self.text["domains"]}
-        return nsys_tables.ranges_frame(rows, domains)
+        return nsys_tables.with_domains(frame, domains)
 
     def _group(self, prefix: str, names) -> dict | None:
         if f"{prefix}_{names[0]}" not in self.tables:
@@ -137,6 +148,21 @@ class OpStore:
         known = self.text["strings"]
         return {int(i): known[str(int(i))] for i in {int(i) for i in ids if i is not None}
                 if str(int(i)) in known}
+
+
+class ColumnView:
+    """Rows lo..hi of one store column as a sequence (len, [i]) read a value at a time: for binary searches."""
+
+    def __init__(self, store: OpStore, name: str, lo: int, hi: int):
+        self.store, self.name, self.lo, self.hi = store, name, lo, hi
+
+    def __len__(self) -> int:
+        return self.hi - self.lo
+
+    def __getitem__(self, i: int) -> int:
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        return int(self.store.column(self.name, self.lo + i, self.lo + i + 1)[0])
 
 
 def concat_ops(parts) -> Ops:
@@ -302,9 +328,9 @@ def _window_ops(block: np.ndarray, code: int) -> Ops:
 class _LaunchStream:
     """Launch calls (by API name, in table order = start order) read alongside GPU windows in start order.
 
-    Before a window is joined, every call that started before the window's last op is read; calls far behind the
-    window are dropped. An op not matched here (its call was dropped, or is not a launch by name, or was never
-    recorded) is returned as missing and looked up exactly at the end (_patch_missing): the join stays exact.
+    Before ops are joined, every call that started before them is read; calls far behind them are dropped. An op
+    not matched here (its call was dropped, or is not a launch by name, or was never recorded) is returned as
+    missing and looked up exactly at the end (_patch_missing): the join stays exact.
     """
 
     def __init__(self, export):
@@ -317,28 +343,51 @@ class _LaunchStream:
         self.max_lag = 0
 
     def join(self, ops: Ops) -> np.ndarray:
-        """Fill ops' launch columns in place; returns which ops were not matched."""
-        if len(ops) == 0:
-            return np.zeros(0, dtype=bool)
-        last = int(ops.start.max())
+        """Fill ops' launch columns in place; returns which ops were not matched. Ops in start order are joined in
+        pieces, a block of calls at a time, so that the buffer holds the calls of a stretch of time, not of the
+        window: a window of sparse ops (memcpys) can span the whole capture."""
+        n = len(ops)
+        found = np.zeros(n, dtype=bool)
+        if n == 0:
+            return found
+        if not (ops.start[1:] >= ops.start[:-1]).all():
+            self._read_until(int(ops.start.max()))
+            self._match(ops, slice(0, n), found)
+            return ~found
+        lo = 0
+        while lo < n:
+            self._read_until(int(ops.start[lo]))
+            # ops before the last buffered call's start have all their calls read (a call starts before its op)
+            hi = n if self.blocks is None or not self.buf.shape[1] else max(
+                lo + 1, int(np.searchsorted(ops.start, self.buf[2, -1], side="left")))
+            self._match(ops, slice(lo, hi), found)
+            lo = hi
+        return ~found
+
+    def _read_until(self, t_ns: int) -> None:
+        """Read blocks of calls until the buffer holds a call that starts after t_ns (or the calls end)."""
         parts = [self.buf]
-        while self.blocks is not None and (parts[-1].shape[1] == 0 or int(parts[-1][2, -1]) <= last):
+        while self.blocks is not None and (parts[-1].shape[1] == 0 or int(parts[-1][2, -1]) <= t_ns):
             block = next(self.blocks, None)
             if block is None:
                 self.blocks = None
                 break
             parts.append(block)
         self.buf = np.concatenate(parts, axis=1) if len(parts) > 1 else self.buf
-        found = np.zeros(len(ops), dtype=bool)
-        if self.buf.shape[1]:
-            calls = {"key": self.buf[0], "tid": self.buf[1], "start": self.buf[2]}
-            found = nsys_tables._match(calls, ops.launch_key, ops.launch_tid, ops.launch_ns)
-            ops.launched[:] = found
-            if found.any():
-                self.max_lag = max(self.max_lag, int((ops.start[found] - ops.launch_ns[found]).max()))
-            keep_from = int(ops.start.min()) - max(4 * self.max_lag, MIN_LAUNCH_MARGIN_NS)
-            self.buf = self.buf[:, self.buf[2] >= keep_from]
-        return ~found
+
+    def _match(self, ops: Ops, piece: slice, found: np.ndarray) -> None:
+        """Join ops[piece] to the buffer; then drop the calls far behind the piece's first op."""
+        if not self.buf.shape[1]:
+            return
+        calls = {"key": self.buf[0], "tid": self.buf[1], "start": self.buf[2]}
+        start = ops.start[piece]
+        hit = nsys_tables._match(calls, ops.launch_key[piece], ops.launch_tid[piece], ops.launch_ns[piece])
+        found[piece] = hit
+        ops.launched[piece] = hit
+        if hit.any():
+            self.max_lag = max(self.max_lag, int((start[hit] - ops.launch_ns[piece][hit]).max()))
+        keep_from = int(start.min()) - max(4 * self.max_lag, MIN_LAUNCH_MARGIN_NS)
+        self.buf = self.buf[:, self.buf[2] >= keep_from]
 
 
 def _patch_missing(export, folder: Path, rows: np.ndarray, keys: np.ndarray) -> None:

@@ -24,6 +24,7 @@ launched (it belongs to no step).
 """
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 import numpy as np
@@ -199,8 +200,40 @@ def time_window(starts: np.ndarray, session=None) -> tuple:
         lo, hi = session
     else:
         lo = hi = 0
+    return _with_margin(lo, hi)
+
+
+def _with_margin(lo: int, hi: int) -> tuple:
     margin = max(hi - lo, DAY_NS)
     return max(lo - margin, -TIME_LIMIT_NS), min(hi + margin, TIME_LIMIT_NS)
+
+
+def time_window_sorted(starts, session=None) -> tuple:
+    """time_window of start times given sorted, as a sequence read one value at a time (len, [i]; a column of the
+    op store on disk): the same median and percentiles from the few order statistics they need, so the starts are
+    never all in memory."""
+    n = len(starts)
+    lo = bisect.bisect_right(starts, -TIME_LIMIT_NS)  # the kept starts, s, are starts[lo:hi]
+    hi = bisect.bisect_left(starts, TIME_LIMIT_NS, lo)
+    count = hi - lo
+    if count == 0 or n == 0:
+        return time_window(np.zeros(0, dtype=np.int64), session)
+    at = lambda i: int(starts[lo + i])  # noqa: E731
+    half = count // 2
+    middle = float(np.median(np.array([at(half - 1), at(half)] if count % 2 == 0 else [at(half)], dtype=np.int64)))
+    if session is not None and session[0] <= middle <= session[1]:
+        return _with_margin(*session)
+    # numpy's linear percentile: between the order statistics around (count - 1) * q, weighted by the fraction
+    virtual = (count - 1) * (np.asarray([1, 99]) / 100)
+    below = np.floor(virtual)
+    bounds = []
+    for v, b in zip(virtual.tolist(), below.tolist()):
+        if v >= count - 1:
+            a = z = at(count - 1)
+        else:
+            a, z = at(int(b)), at(int(b) + 1)
+        bounds.append(int(np.quantile(np.array([a, z], dtype=np.int64), np.asarray([v - b]))[0]))
+    return _with_margin(*bounds)
 
 
 class Claims:
@@ -247,6 +280,13 @@ class Claims:
             if starts is None and self._starts is not None:
                 starts = self._starts()
             self._window = time_window(starts if starts is not None else np.zeros(0, dtype=np.int64), self.session)
+        return self._window
+
+    def window_sorted(self, starts) -> tuple:
+        """window() from every kernel start, given sorted as a sequence read a value at a time (an op store column,
+        time_window_sorted): the same window without the starts in memory."""
+        if self._window is None:
+            self._window = time_window_sorted(starts, self.session)
         return self._window
 
     # --- checks ---------------------------------------------------------------------------------------------------
