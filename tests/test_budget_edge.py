@@ -48,3 +48,21 @@ def test_launch_before_the_window_is_outside_every_step(tmp_path):
         b.kernel(P, c, t + 100, t + 150, "rmsnorm_kernel")
     d = compute_budget(b.close()).devices[0]
     assert d["outside_steps"]["ops"] == 1 and d["kernels_per_step"] == 1.0
+
+
+def test_nvtx_domain_names_join_on_domain_and_process():
+    """A range's domain name is looked up by (domain id, process bits of its thread): id 0 or NULL is the default
+    domain, an id named only in another process is unnamed, and the ranges keep their order."""
+    import pandas as pd
+
+    from profattr.trace.nsys_tables import with_domains
+
+    p1, p2 = 1 << 24, 2 << 24
+    frame = pd.DataFrame({"start": [0, 1, 2, 3, 4], "end": [5, 6, 7, 8, 9],
+                          "tid": [p1 + 7, p2 + 9, p1 + 7, p2 + 9, p1 + 8],
+                          "text": ["a", "b", "c", "d", "e"], "domain_id": [3, 3, None, 0, 4]})
+    domains = {(3, p1): "sglang", (4, p2): "other"}
+    got = with_domains(frame, domains)
+    assert got["domain"].tolist() == ["sglang", "", "", "", ""]
+    assert got["text"].tolist() == ["a", "b", "c", "d", "e"] and "domain_id" not in got
+    assert with_domains(frame.copy(), {})["domain"].tolist() == [""] * 5

@@ -154,9 +154,16 @@ def ranges_frame(rows: list, domains: dict) -> pd.DataFrame:
 
 def with_domains(frame: pd.DataFrame, domains: dict) -> pd.DataFrame:
     """The ranges frame from one with start, end, tid, text, domain_id columns: the domain's name for its id."""
-    pid = frame["tid"].to_numpy() & ~0xFFFFFF
-    frame["domain"] = [domains.get((int(d), int(p)), "") if d else ""
-                       for d, p in zip(frame["domain_id"].to_numpy(), pid)] if domains else ""
+    if not domains:
+        frame["domain"] = ""
+        return frame.drop(columns="domain_id")
+    # a join on (domain id, process), not a lookup per range: domain id 0 or NULL is the default domain ("")
+    ids = pd.to_numeric(frame["domain_id"], errors="coerce").fillna(0).to_numpy(dtype=np.int64)
+    pid = frame["tid"].to_numpy(dtype=np.int64) & ~0xFFFFFF
+    names = pd.DataFrame([(int(d), int(p), n) for (d, p), n in domains.items()], columns=["id", "pid", "domain"])
+    keys = pd.DataFrame({"id": ids, "pid": pid})
+    found = keys.merge(names.drop_duplicates(["id", "pid"]), on=["id", "pid"], how="left")["domain"]
+    frame["domain"] = found.where(ids != 0, "").fillna("").to_numpy(dtype=object)
     return frame.drop(columns="domain_id")
 
 
