@@ -10,7 +10,7 @@ import pandas as pd
 
 from profattr.errors import ProfattrError
 from profattr.trace.ops import KIND_KERNEL, KIND_MEMCPY, KIND_MEMSET, LOW32, Ops
-from profattr.trace.reader import KERNEL, MEMCPY, MEMSET, NVTX, RUNTIME, Export, load_query
+from profattr.trace.reader import KERNEL, MEMCPY, MEMSET, NVTX, RUNTIME, DamagedValues, Export, load_query
 
 
 def _optional(export: Export, table: str, alias: str) -> dict:
@@ -149,7 +149,10 @@ def ranges_frame(rows: list, domains: dict) -> pd.DataFrame:
     """The ranges frame of range_rows' output (also what the op store rebuilds it from)."""
     if not rows:
         return empty_ranges()
-    return with_domains(pd.DataFrame(rows, columns=["start", "end", "tid", "text", "domain_id"]), domains)
+    frame = pd.DataFrame(rows, columns=["start", "end", "tid", "text", "domain_id"])
+    if frame[["start", "end", "tid"]].isna().to_numpy().any():  # a NULL time or thread: the rows get checked
+        raise DamagedValues("an NVTX range with a NULL start, end or thread")
+    return with_domains(frame, domains)
 
 
 def with_domains(frame: pd.DataFrame, domains: dict) -> pd.DataFrame:
