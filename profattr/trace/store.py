@@ -58,6 +58,9 @@ class OpStore:
         with np.load(self.folder / "tables.npz", allow_pickle=False) as z:
             self.tables = {k: z[k] for k in z.files}
         self.text = json.loads((self.folder / "strings.json").read_text())
+        # one string object per distinct range text (a long capture repeats a few texts in every step)
+        self.ranges_text = _shared_strings(self.text.pop("ranges_text", []))
+        self._ranges = None
 
     def column(self, name: str, lo: int = 0, hi: int | None = None) -> np.ndarray:
         """Rows lo..hi of one column, read with plain file reads (no memory map: RSS stays the window's)."""
@@ -122,16 +125,22 @@ class OpStore:
 
     # --- the small tables, as the reader returns them ------------------------------------------------------------
     def ranges(self) -> pd.DataFrame:
-        t = self.tables
-        if "ranges_start" not in t:
-            return nsys_tables.empty_ranges()
-        if not len(t["ranges_start"]):
-            return nsys_tables.empty_ranges()
-        # column by column (a tuple per row would hold every range as Python objects)
-        frame = pd.DataFrame({"start": t["ranges_start"], "end": t["ranges_end"], "tid": t["ranges_tid"],
-                              "text": self.text["ranges_text"], "domain_id": t["ranges_domain"]})
-        domains = {(int(d), int(p)): s for d, p, s in self.text["domains"]}
-        return nsys_tables.with_domains(frame, domains)
+        """The NVTX ranges frame, built once from the stored columns (which are then let go: a long capture's
+        ranges are held once, in the frame); each call gets a shallow copy of it."""
+        if self._ranges is None:
+            t = self.tables
+            if "ranges_start" not in t or not len(t["ranges_start"]):
+                self._ranges = nsys_tables.empty_ranges()
+            else:
+                # column by column (a tuple per row would hold every range as Python objects)
+                frame = pd.DataFrame({"start": t["ranges_start"], "end": t["ranges_end"], "tid": t["ranges_tid"],
+                                      "text": self.ranges_text, "domain_id": t["ranges_domain"]})
+                domains = {(int(d), int(p)): s for d, p, s in self.text["domains"]}
+                self._ranges = nsys_tables.with_domains(frame, domains)
+            for name in ("start", "end", "tid", "domain"):
+                t.pop(f"ranges_{name}", None)
+            self.ranges_text = None
+        return self._ranges.copy(deep=False)
 
     def _group(self, prefix: str, names) -> dict | None:
         if f"{prefix}_{names[0]}" not in self.tables:
@@ -163,6 +172,15 @@ class ColumnView:
         if not 0 <= i < len(self):
             raise IndexError(i)
         return int(self.store.column(self.name, self.lo + i, self.lo + i + 1)[0])
+
+
+def _shared_strings(values: list) -> np.ndarray:
+    """`values` (strings or None) as an object array holding one string object per distinct value."""
+    codes, uniques = pd.factorize(np.array(values, dtype=object), use_na_sentinel=True)
+    out = np.full(len(codes), None, dtype=object)
+    known = codes >= 0
+    out[known] = uniques[codes[known]]
+    return out
 
 
 def concat_ops(parts) -> Ops:
