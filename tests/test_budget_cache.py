@@ -53,6 +53,10 @@ def test_store_ops_are_the_readers_ops(name, export_example, tmp_path):
             assert have.dtype == want.dtype, column
             assert np.array_equal(have, want), column
         pd.testing.assert_frame_equal(built.ranges(), export.ranges())
+        reopened = store.OpStore(tmp_path / "store")  # as a warm run reads it
+        first = reopened.ranges()
+        first["start"] = -1  # a caller's change to its frame is its own
+        pd.testing.assert_frame_equal(reopened.ranges(), export.ranges())
         for a, b in ((built.graph_launches(), export.graph_launches()), (built.node_creation(), export.node_creation())):
             assert (a is None) == (b is None)
             if a is not None:
@@ -174,3 +178,11 @@ def test_more_captures_windowed(name, export_example, cache_dir, monkeypatch):
         reference = budget_of(export, "auto", load_rules(()))
     monkeypatch.setenv("PROFATTR_WINDOW_OPS", "1000")
     _same_budget(reference, compute_budget(path))
+
+
+def test_stored_range_texts_share_one_object_per_distinct_text():
+    texts = ["layer.0", None, "layer.1", "layer.0", "", None, "layer.1"]
+    got = store._shared_strings([t if t is None else "".join(t) for t in texts])  # fresh objects per element
+    assert got.tolist() == texts
+    assert got[0] is got[3] and got[2] is got[6] and got[1] is None and got[5] is None
+    assert store._shared_strings([]).tolist() == []
