@@ -100,8 +100,8 @@ def _replay_start_reason(s: dict, replay: str, before: float) -> str:
         return text + (": the host is behind the GPU (CPU-bound between replays): shorten the host work of a step "
                        "(scheduling, metadata, sampling), overlap it with the GPU's work, or run more per step")
     return text + (": the graph launch holds the GPU back: a launch of many nodes costs host time before its first "
-                   "node runs (more under nsys's node-level graph tracing than unprofiled); compare with the "
-                   "unprofiled timing, and fewer nodes or fewer launches per step would help")
+                   "node runs (it can cost more under nsys's node-level graph tracing than unprofiled); compare "
+                   "with the unprofiled timing, and fewer nodes or fewer launches per step would help")
 
 
 def category_reason(device: dict, category: str, gap_device: dict | None = None) -> str:

@@ -1,5 +1,6 @@
 """Report sections on how the GPU's time is spent outside kernels: idle time and launches (with what the host did
-meanwhile: CUDA calls, NVTX ranges and, where the capture has CPU samples, the functions of the step's CPU thread) and, with several ranks, tensor parallelism (transfer vs wait per rank)."""
+meanwhile: CUDA calls, NVTX ranges and, where the capture has CPU samples, the functions of the step's CPU thread)
+and, with several ranks, tensor parallelism (transfer vs wait per rank)."""
 from __future__ import annotations
 
 from profattr.report import host_gaps
