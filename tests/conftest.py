@@ -50,6 +50,16 @@ def find_test_nsys():
         return None
 
 
+def require_nsys(purpose: str) -> str:
+    """The nsys for a test that needs one to `purpose`: in CI a missing nsys fails the test, elsewhere it skips."""
+    nsys = find_test_nsys()
+    if nsys is None:
+        if IN_CI:
+            pytest.fail(f"no nsys found in CI to {purpose} (scripts/install-nsys should have installed one)")
+        pytest.skip(f"no nsys here to {purpose} (run scripts/install-nsys)")
+    return nsys
+
+
 @pytest.fixture(scope="session")
 def export_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("exports")
@@ -69,11 +79,7 @@ def export_example(export_dir):
         rep = EXAMPLES / f"{name}.nsys-rep"
         if not rep.exists():
             raise FileNotFoundError(rep)
-        nsys = find_test_nsys()
-        if nsys is None:
-            if IN_CI:
-                pytest.fail("no nsys found in CI (scripts/install-nsys should have installed one)")
-            pytest.skip("no nsys here to export the committed .nsys-rep (run scripts/install-nsys)")
+        nsys = require_nsys("export the committed .nsys-rep")
         copy = export_dir / rep.name
         shutil.copyfile(rep, copy)
         out = export_dir / f"{rep.stem}.sqlite"

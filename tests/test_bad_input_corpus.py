@@ -14,9 +14,7 @@ import gzip
 import json
 import os
 import sqlite3
-import threading
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable
 
 import pytest

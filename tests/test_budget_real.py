@@ -16,7 +16,7 @@ from collections import defaultdict
 
 import pytest
 
-from conftest import SGLANG_CAPTURES, WORKLOAD_CAPTURES, find_test_nsys
+from conftest import SGLANG_CAPTURES, WORKLOAD_CAPTURES, require_nsys
 from independent import expected_graph, expected_nvtx
 from profattr.attribute.budget import compute_budget
 
@@ -80,9 +80,7 @@ def test_sglang_budget_matches_sql(name, export_example):
 
 
 def nsys_report(path, report: str) -> list:
-    nsys = find_test_nsys()
-    if nsys is None:
-        pytest.skip("no nsys")
+    nsys = require_nsys(f"run nsys stats --report {report}")
     out = subprocess.run([nsys, "stats", "-q", "--report", report, "--format", "csv", "--output", "-", str(path)],
                          check=True, capture_output=True, text=True).stdout
     lines = [line for line in out.splitlines() if line and not line.startswith(("Processing", "NOTICE"))]

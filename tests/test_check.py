@@ -11,7 +11,6 @@ import pytest
 from click.testing import CliRunner
 from synth import Builder, gpid, gtid
 
-from profattr.check import overall as check_overall
 from profattr.check.run import check_capture
 from profattr.cli import cli
 

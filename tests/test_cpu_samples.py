@@ -12,13 +12,12 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from conftest import EXAMPLES, IN_CI, find_test_nsys
+from conftest import EXAMPLES, require_nsys
 from profattr.attribute.budget import compute_budget
 from profattr.report import host_gaps, md_runtime
 from profattr.report.launches import launch_stats
@@ -61,11 +60,7 @@ def _ro(path):
 @pytest.fixture(scope="module")
 def sampled(tmp_path_factory):
     """A real CPU capture with nsys CPU and Python sampling, exported to SQLite."""
-    nsys = find_test_nsys()
-    if nsys is None:
-        if IN_CI:
-            pytest.fail("no nsys found in CI (scripts/install-nsys should have installed one)")
-        pytest.skip("no nsys here to make a CPU-sampled capture (run scripts/install-nsys)")
+    nsys = require_nsys("make a CPU-sampled capture")
     out = tmp_path_factory.mktemp("samples")
     (out / "prog.py").write_text(PROGRAM)
     subprocess.run([nsys, "profile", "--trace=nvtx", "--sample=process-tree", "--python-sampling=true",

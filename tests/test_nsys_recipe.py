@@ -9,18 +9,14 @@ import subprocess
 
 import pytest
 
-from conftest import EXAMPLES, IN_CI, ROOT, find_test_nsys
+from conftest import EXAMPLES, IN_CI, ROOT, require_nsys
 from profattr.attribute.budget import compute_budget
 
 pytestmark = pytest.mark.nsys
 
 
 def test_recipe_matches_budget(tmp_path):
-    nsys = find_test_nsys()
-    if nsys is None:
-        if IN_CI:
-            pytest.fail("no nsys in CI")
-        pytest.skip("no nsys")
+    nsys = require_nsys("run the nsys recipe")
     for mod in ("psutil", "pyarrow"):
         try:
             __import__(mod)
@@ -44,11 +40,7 @@ def test_recipe_matches_budget(tmp_path):
 
 
 def _need_recipe_tools(extra=("distributed",)):
-    nsys = find_test_nsys()
-    if nsys is None:
-        if IN_CI:
-            pytest.fail("no nsys in CI")
-        pytest.skip("no nsys")
+    nsys = require_nsys("run the nsys recipe")
     for mod in ("psutil", "pyarrow") + tuple(extra):
         try:
             __import__(mod)

@@ -22,7 +22,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from profattr.attribute.accumulate import Combos, StepTotals, group_rows  # noqa: F401 (group_rows: used by others)
+from profattr.attribute.accumulate import Combos, StepTotals
 from profattr.attribute.comm import collective_split
 from profattr.attribute.graphs import STATUS_MAPPING, STATUS_NAMES, STATUS_UNPLACED, place_contexts
 from profattr.attribute.nvtx import Ranges, enclosed, load_ranges
@@ -30,7 +30,7 @@ from profattr.attribute.steps import Steps, find_steps
 from profattr.errors import ProfattrError
 from profattr.regexguard import MAX_MATCH_CHARS
 from profattr.taxonomy.classify import load_rules
-from profattr.trace.ops import KIND_KERNEL, Ops, memop_name
+from profattr.trace.ops import Ops
 from profattr.trace.source import open_trace
 
 SCHEMA = "profattr.budget/1"

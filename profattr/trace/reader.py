@@ -6,7 +6,6 @@ columns come and go, the metadata table was renamed. Everything here probes `sql
 """
 from __future__ import annotations
 
-import itertools
 import os
 import sqlite3
 from dataclasses import dataclass, field
