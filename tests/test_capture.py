@@ -326,11 +326,12 @@ def test_server_dying_mid_window_keeps_what_nsys_wrote(tmp_path):
 def test_server_never_healthy_times_out_and_is_stopped(tmp_path):
     real_nsys()
     events = tmp_path / "events.jsonl"
-    args = stub_args(tmp_path, tmp_path, free_port(), name="slow", health_timeout=2)
+    # long enough for the stub to have logged its start under nsys on a busy machine, far short of its 120 s
+    args = stub_args(tmp_path, tmp_path, free_port(), name="slow", health_timeout=10)
     args[args.index("--capture-range") + 1] = "cudaProfilerApi"
     result = invoke(args, env=stub_env(events, STUB_SGLANG_STARTUP_S=120))
     assert result.exit_code == 2
-    assert "not healthy after" in result.output and "--health-timeout 2" in result.output
+    assert "not healthy after" in result.output and "--health-timeout 10" in result.output
     assert "Uvicorn running" in result.output
     assert [e["signal"] for e in events_of(events) if e["event"] == "shutdown"] == ["SIGINT"]
 
