@@ -314,6 +314,10 @@ def _run_target(p: Plan, runs: dict, log, echo: Echo) -> tuple:
         for run in runs.values():
             run["capture"]["target_stopped_by"] = stopped
             run["capture"]["nsys_exit_code" if p.options.profiler == "nsys" else "exit_code"] = launcher.returncode
+    if error is not None and error.details:
+        # read the log again now that the target and nsys have stopped: the lines a dying server wrote last may
+        # reach the log file (through nsys) only after the request that failed
+        error.details = proc.log_tail(p.path("log"), lines=max(len(error.details), 20)) or error.details
     return error, interrupted, done
 
 
