@@ -16,14 +16,7 @@ pytestmark = pytest.mark.nsys
 
 
 def test_recipe_matches_budget(tmp_path):
-    nsys = require_nsys("run the nsys recipe")
-    for mod in ("psutil", "pyarrow"):
-        try:
-            __import__(mod)
-        except ImportError:
-            if IN_CI:
-                pytest.fail(f"{mod} missing in CI (pip install -e '.[test]')")
-            pytest.skip(f"{mod} missing: nsys recipes need it")
+    nsys = _need_recipe_tools(extra=())
     rep = tmp_path / "sglang-triton-bs1.nsys-rep"
     shutil.copyfile(EXAMPLES / rep.name, rep)
     env = dict(os.environ, NSYS_RECIPE_PATH=str(ROOT / "nsys_recipes"))

@@ -42,8 +42,10 @@ def launch_stats(budget: Budget) -> list:
     for d in budget.devices:
         device = d["device"]
         steps = budget.per_step.loc[budget.per_step["device"] == device, "step"].to_numpy()
-        stats = _device_stats(att, device, steps, calls, d)
-        stats.update(_replay_starts(att, device, len(steps), api))
+        rows = _device_rows(att, device)
+        gaps, largest = _gaps(att.step[rows], att.ops.start[rows], att.ops.end[rows])
+        stats = _device_stats(att, rows, gaps, largest, device, steps, calls, d)
+        stats.update(_replay_starts(att, rows, gaps, len(steps), api))
         sel = (att.step >= 0) & (att.ops.device == device)
         gs, ge, gap_step = host_gaps.idle_intervals(att.step[sel], att.ops.start[sel], att.ops.end[sel],
                                                     with_step=True)
@@ -98,14 +100,18 @@ def _calls_per_step(budget: Budget, api: dict) -> np.ndarray | None:
     return counts
 
 
-def _device_stats(att, device: int, steps: np.ndarray, calls, d: dict) -> dict:
-    ops = att.ops
-    sel = (att.step >= 0) & (ops.device == device)
-    step, start, end = att.step[sel], ops.start[sel], ops.end[sel]
-    graph = ops.graph_node[sel] >= 0
+def _device_rows(att, device: int) -> np.ndarray:
+    """Indices of the device's ops inside steps, in (step, start) order: the order the gaps are taken in."""
+    sel = np.flatnonzero((att.step >= 0) & (att.ops.device == device))
+    return sel[np.lexsort((att.ops.start[sel], att.step[sel]))]
+
+
+def _device_stats(att, rows: np.ndarray, gaps: np.ndarray, largest: np.ndarray, device: int, steps: np.ndarray,
+                  calls, d: dict) -> dict:
+    """`rows` and `gaps`: the device's ops in step order and the gap before each (_device_rows, _gaps)."""
+    step, start = att.step[rows], att.ops.start[rows]
+    graph = att.ops.graph_node[rows] >= 0
     n_steps = max(len(steps), 1)
-    gaps, largest = _gaps(step, start, end)
-    order_graph = graph[np.lexsort((start, step))]
     positive = gaps[gaps > 0]
     boundaries = max(len(start) - len(np.unique(step)), 1)
     per_step_calls = calls[steps].mean(axis=0) if calls is not None and len(steps) else None
@@ -136,8 +142,8 @@ def _device_stats(att, device: int, steps: np.ndarray, calls, d: dict) -> dict:
         "idle_ms_per_step": d["idle_ms_per_step"],
         "idle_share": d["idle_ms_per_step"] / mean_step if mean_step else 0.0,
         # gaps are charged to the op that ends them: waiting for a replayed node, or for an eager launch
-        "idle_before_graph_ops_ms": float(gaps[order_graph].sum()) / n_steps / NS_PER_MS,
-        "idle_before_eager_ops_ms": float(gaps[~order_graph].sum()) / n_steps / NS_PER_MS,
+        "idle_before_graph_ops_ms": float(gaps[graph].sum()) / n_steps / NS_PER_MS,
+        "idle_before_eager_ops_ms": float(gaps[~graph].sum()) / n_steps / NS_PER_MS,
         "mean_gap_us": float(gaps.sum()) / boundaries / NS_PER_US,
         "median_gap_us": float(np.median(positive)) / NS_PER_US if len(positive) else 0.0,
         "largest_gap_us": float(largest.mean()) / NS_PER_US if len(largest) else 0.0,
@@ -145,28 +151,22 @@ def _device_stats(att, device: int, steps: np.ndarray, calls, d: dict) -> dict:
     }
 
 
-def _replay_starts(att, device: int, n_steps: int, api: dict) -> dict:
-    """The gaps before the first node of each CUDA-graph replay of the device's steps: per step (ms), the median
-    positive one (µs), the share of those replays whose cudaGraphLaunch began after the GPU had gone idle, the
-    median wait split into before that call and from the call to the first node (µs), and the median host time of
-    those launch calls (µs); the last four None where the launch calls were not recorded."""
+def _replay_starts(att, rows: np.ndarray, gaps: np.ndarray, n_steps: int, api: dict) -> dict:
+    """The gaps before the first node of each CUDA-graph replay of the device's steps (`rows`, `gaps` as for
+    _device_stats): per step (ms), the median positive one (µs), the share of those replays whose cudaGraphLaunch
+    began after the GPU had gone idle, the median wait split into before that call and from the call to the first
+    node (µs), and the median host time of those launch calls (µs); the last four None where the launch calls were
+    not recorded."""
     ops = att.ops
-    sel = np.flatnonzero((att.step >= 0) & (ops.device == device))
     empty = {"idle_before_replay_ms": 0.0, "idle_inside_replay_ms": None, "replays_per_step": 0.0,
              "replay_wait_us": 0.0, "replay_host_late_share": None, "replay_before_call_us": None,
              "replay_call_to_node_us": None, "graph_launch_call_us": None}
-    if not len(sel):
-        return empty
-    step, start, end = att.step[sel], ops.start[sel], ops.end[sel]
-    order = np.lexsort((start, step))
-    gaps, _ = _gaps(step, start, end)  # in `order`
-    graph = (ops.graph_node[sel] >= 0)[order]
-    key = ops.launch_key[sel][order]
+    graph = ops.graph_node[rows] >= 0
     # a replay is the graph ops of one launch (one correlation id); its first node is its earliest op
     where = np.flatnonzero(graph)
     if not len(where):
         return empty
-    _, first_at = np.unique(key[where], return_index=True)
+    _, first_at = np.unique(ops.launch_key[rows][where], return_index=True)
     first = where[first_at]
     wait = gaps[first]
     graph_idle = float(gaps[graph].sum()) / max(n_steps, 1) / NS_PER_MS
@@ -177,17 +177,17 @@ def _replay_starts(att, device: int, n_steps: int, api: dict) -> dict:
     if not len(waited):
         return out
     out["replay_wait_us"] = float(np.median(gaps[waited])) / NS_PER_US
-    launched = ops.launched[sel][order][waited]
+    at = rows[waited]  # the op rows of the replays' first nodes
+    launched = ops.launched[at]
     if launched.any():
-        idle_from = start[order][waited] - gaps[waited]  # when the GPU went idle before the replay
-        launch_ns = ops.launch_ns[sel][order][waited]
-        late_ns = np.clip(launch_ns - idle_from, 0, None)[launched]
+        idle_from = ops.start[at] - gaps[waited]  # when the GPU went idle before the replay
+        late_ns = np.clip(ops.launch_ns[at] - idle_from, 0, None)[launched]
         out["replay_host_late_share"] = float((late_ns > 0).mean())
         # the wait split: before the host called cudaGraphLaunch, and from that call to the first node
         out["replay_before_call_us"] = float(np.median(late_ns)) / NS_PER_US
         out["replay_call_to_node_us"] = float(np.median(gaps[waited][launched] - late_ns)) / NS_PER_US
-        out["graph_launch_call_us"] = _launch_call_us(ops.launch_tid[sel][order][waited][launched],
-                                                      ops.launch_ns[sel][order][waited][launched], api)
+        out["graph_launch_call_us"] = _launch_call_us(ops.launch_tid[at][launched], ops.launch_ns[at][launched],
+                                                      api)
     return out
 
 
