@@ -12,7 +12,7 @@ from typing import Sequence
 
 from profattr.errors import ProfattrError
 from profattr.report.charts import (IDLE_COLOR, OTHER_COLOR, PALETTE, _label_bars, _plt, _save, bar_label,
-                                    chosen_categories, safe_label)
+                                    chosen_categories, mark_mean_steps, safe_label)
 from profattr.report.escape import md_escape
 
 CAMPAIGN_CHART = "campaign.png"
@@ -60,12 +60,7 @@ def write_campaign_chart(entries: Sequence[dict], path) -> Path:
             continue
         ax.bar(x, values, bottom=bottom, color=color, label=safe_label(name), width=0.6)
         bottom = [b + v for b, v in zip(bottom, values)]
-    # the stack exceeds the step by the overlap (two streams at once): the step is marked on the bar and written
-    means = [r["mean_step_ms"] for r in rows]
-    ax.hlines(means, [i - 0.33 for i in x], [i + 0.33 for i in x], colors="black", linewidth=1.6,
-              label="mean step (the stack minus overlap)")
-    for i, (total, mean) in enumerate(zip(bottom, means)):
-        ax.annotate(f"{mean:.3g} ms", (i, max(total, mean)), ha="center", va="bottom", fontsize=8)
+    mark_mean_steps(ax, bottom, [r["mean_step_ms"] for r in rows])
     _label_bars([ax], x, [bar_label(_bar_name(r), r["device"], r["n_devices"]) for r in rows])
     ax.set_ylabel("ms per step (kernel time by category + idle)")
     ax.set_title("Campaign: time per decode step, per experiment", fontsize=11)

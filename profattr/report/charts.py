@@ -65,6 +65,16 @@ def _label_bars(axes, x, labels) -> None:
         ax.grid(axis="y", alpha=0.3)
         ax.set_axisbelow(True)
 
+def mark_mean_steps(ax, tops: Sequence[float], means: Sequence[float]) -> None:
+    """On stacked bars at x = 0, 1, ... whose stacks (`tops`) exceed the step by the overlap of two streams: a black
+    line at each bar's mean step, its value written above the bar."""
+    x = range(len(means))
+    ax.hlines(means, [i - 0.33 for i in x], [i + 0.33 for i in x], colors="black", linewidth=1.6,
+              label="mean step (the stack minus overlap)")
+    for i, (top, mean) in enumerate(zip(tops, means)):
+        ax.annotate(f"{mean:.3g} ms", (i, max(top, mean)), ha="center", va="bottom", fontsize=8)
+
+
 def write_category_chart(captures: Sequence[dict], path) -> Path:
     """Stacked bars per capture (and GPU): ms per step by category plus idle, with the mean step marked (the stack
     less the overlap of two streams), and the same as shares of kernel time + idle.
@@ -101,12 +111,7 @@ def write_category_chart(captures: Sequence[dict], path) -> Path:
         bottoms_ms = [b + v for b, v in zip(bottoms_ms, values)]
         bottoms_pct = [b + v for b, v in zip(bottoms_pct, pct)]
     _label_bars((ax_ms, ax_pct), x, [b[0] for b in bars])
-    # the stack exceeds the step by the overlap (two streams at once): the step is marked on the bar and written
-    means = [d["mean_step_ms"] for _, d, _ in bars]
-    ax_ms.hlines(means, [i - 0.33 for i in x], [i + 0.33 for i in x], colors="black", linewidth=1.6,
-                 label="mean step (the stack minus overlap)")
-    for i, (total, mean) in enumerate(zip(bottoms_ms, means)):
-        ax_ms.annotate(f"{mean:.3g} ms", (i, max(total, mean)), ha="center", va="bottom", fontsize=8)
+    mark_mean_steps(ax_ms, bottoms_ms, [d["mean_step_ms"] for _, d, _ in bars])
     ax_ms.set_ylabel("ms per step (kernel time by category + idle)")
     ax_ms.set_title("Time per decode step", fontsize=11)
     ax_pct.set_ylabel("% of kernel time + idle")
