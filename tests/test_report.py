@@ -299,3 +299,13 @@ def test_launch_bound_reason_needs_many_small_gaps():
     assert "launch-bound" not in idle_reason(one_gap)
     assert "6000 µs" in idle_reason(one_gap)
     assert idle_reason(dict(stats, idle_share=0.05)) is None
+
+
+def test_a_capture_is_named_by_path_file_name_or_its_replicate_glob():
+    from profattr.report.commands import _named_capture
+
+    given = ["caps/a.sqlite", "caps/b-r?.sqlite"]
+    assert _named_capture("caps/a.sqlite", given) == ["caps/a.sqlite"]
+    assert _named_capture("a.sqlite", given) == ["caps/a.sqlite"]
+    assert _named_capture("caps/b-r2.sqlite", given) == ["caps/b-r?.sqlite"]
+    assert _named_capture("caps/c.sqlite", given) == []

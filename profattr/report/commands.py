@@ -107,12 +107,20 @@ def _command_line(captures, output, steps, rules, hardware, labels, samples, cha
     return " ".join(shlex.quote(a) for a in args)
 
 
+def _named_capture(target: str, captures) -> list:
+    """The captures (as given) that `target` names: by path or file name, else the glob (a replicate group) that
+    holds it."""
+    match = [c for c in captures if target in (c, Path(c).name)]
+    return match or [c for c in captures if glob.has_magic(c) and fnmatch.fnmatch(target, c)]
+
+
 def _mapping_pairs(mappings, captures) -> dict:
-    """{capture as given: eager capture} from CAPTURE=EAGER values; CAPTURE may be given by its file name."""
+    """{capture as given: eager capture} from CAPTURE=EAGER values; CAPTURE may be given by its file name, or as a
+    member of a replicate glob."""
     out = {}
     for m in mappings:
         target, sep, eager = m.partition("=")
-        match = [c for c in captures if target in (c, Path(c).name)] if sep and eager else []
+        match = _named_capture(target, captures) if sep and eager else []
         if len(match) != 1:
             raise ProfattrError(f"--mapping {m!r}: expected CAPTURE=EAGER_CAPTURE with CAPTURE one of the report's "
                                 f"captures ({', '.join(Path(c).name for c in captures)})")
@@ -129,8 +137,7 @@ def _drill_items(drills, captures) -> list:
         if not (sep and csv_path):
             items.append(d)
             continue
-        match = [c for c in captures if target in (c, Path(c).name)]
-        match = match or [c for c in captures if glob.has_magic(c) and fnmatch.fnmatch(target, c)]
+        match = _named_capture(target, captures)
         if len(match) != 1:
             raise ProfattrError(f"--drill {d!r}: {target} is {'none' if not match else 'more than one'} of the "
                                 f"report's captures ({', '.join(Path(c).name for c in captures)}); give "
