@@ -123,18 +123,28 @@ class GroupsCommand(click.Command):
 @click.option("--by", "by", type=click.Choice(("category", "layer")), default="category", show_default=True,
               help="layer: also list the change per model layer (read from NVTX).")
 @click.option("--layer-range", "layer_range", metavar="REGEX", help=LAYER_RANGE_HELP)
+@click.option("--fail-on", "fail_on", multiple=True, metavar="PCT%|COMPONENT=MS",
+              help="Regression gate (repeatable): exit 1 when the step got slower by more than PCT% of A's step "
+                   "(--fail-on 5%), or COMPONENT (category:<id>, idle, step, ...) by more than MS ms/step "
+                   "(--fail-on category:gemm.fp8=0.05), with its 95% interval above 0, in a valid comparison "
+                   "(enough windows per side, no confound); one line on stderr says which.")
+@click.option("--min-windows", "min_windows", default=3, show_default=True, type=click.IntRange(min=1),
+              help="Windows (captures) per side below which no change is established: the verdict is `within "
+                   "noise` and the gate does not fail. Fewer than 3 leave window-to-window variance out of the "
+                   "intervals; lowering it is your call, and the output says so.")
 @output_options()
 @cache_option
-def diff(captures, steps, skip_steps, rules, fmt, changed, samples, mapping_a, mapping_b, by, layer_range, output,
-         force):
+def diff(captures, steps, skip_steps, rules, fmt, changed, samples, mapping_a, mapping_b, by, layer_range, fail_on,
+         min_windows, output, force):
     """Attribute the step-time change from capture A to capture B: `diff A B`, or from one group of replicate
     captures to another: `diff A1 A2 -- B1 B2` (or `diff 'a-r*.sqlite' 'b-r*.sqlite'`, glob patterns quoted).
 
     Captures are .sqlite / .nsys-rep / torch-profiler traces, or budget JSON files. Components (categories by
     kernel family, idle, overlap) add up exactly to the change of the median step time; with several GPUs running
     collectives, the time spent waiting for the slowest rank is its own component (comm_wait). A component is
-    called a change only when its 95% interval (over steps and replicates) excludes 0 and it is at least 1 us or
-    0.5% of A's step.
+    called a change only when its 95% interval (over servers, windows and steps) excludes 0 and it is at least 1 us
+    or 0.5% of A's step. The verdict (regression, improvement, within noise, not comparable) needs --min-windows
+    windows per side and no confound between the runs.
     """
     import json
 
@@ -157,9 +167,12 @@ def diff(captures, steps, skip_steps, rules, fmt, changed, samples, mapping_a, m
              *rules]
     if output:
         check_output(output, force, given)
+    from profattr.attribute.verdict import gate, parse_fail_on
+
+    gate_rules = parse_fail_on(fail_on)  # a bad threshold is an error before the slow part
     by = "layer" if layer_range is not None else by
     side_a, side_b = load_sides(a, b, steps, rules, mapping_a, mapping_b, by, layer_range, skip_steps)
-    result = compute_diff(side_a, side_b, samples=samples, changed=changed)
+    result = compute_diff(side_a, side_b, samples=samples, changed=changed, min_windows=min_windows)
     if fmt == "json":
         text = json.dumps(clean_tree(result), indent=2)
     elif fmt == "markdown":
@@ -167,3 +180,11 @@ def diff(captures, steps, skip_steps, rules, fmt, changed, samples, mapping_a, m
     else:
         text = diff_view.render_table(result)
     emit(text, output, force, given)
+    if gate_rules:
+        failures, notes = gate(result, gate_rules)
+        for line in notes:
+            click.echo(f"warning: {clean_tree(line)}", err=True)
+        if failures:
+            click.echo(clean_tree(failures[0])
+                       + (f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""), err=True)
+            raise SystemExit(1)
