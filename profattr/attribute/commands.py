@@ -188,3 +188,41 @@ def diff(captures, steps, skip_steps, rules, fmt, changed, samples, mapping_a, m
             click.echo(clean_tree(failures[0])
                        + (f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""), err=True)
             raise SystemExit(1)
+
+
+@click.command()
+@click.argument("captures", nargs=-1, required=True)
+@steps_option
+@rules_option
+@format_option(("table", "json", "markdown"))
+@output_options()
+@cache_option
+def variance(captures, steps, skip_steps, rules, fmt, output, force):
+    """How much a decode step varies: between the steps of a window, the windows of one server, and the servers
+    (launches) of one configuration, from the windows given (paths or quoted globs).
+
+    Captures are grouped by configuration (the server's resolved arguments, batch, model) and by server (the
+    windows one `profattr capture` run opened in one launch, as run.json records). Per metric (the step's span, the
+    GPU's busy and idle time in it) and level: the standard deviation (ms), its share of one step's variance and
+    its degrees of freedom; what else differs between the servers of a configuration is listed with them.
+    """
+    import json
+
+    from profattr.attribute.diff import expand, load_sides
+    from profattr.attribute.variance import variance_report
+    from profattr.report import variance_view
+    from profattr.text import clean_tree
+
+    paths = [p for c in captures for p in expand(c)]
+    given = [*paths, *rules]
+    if output:
+        check_output(output, force, given)
+    group, _ = load_sides(paths, paths[:1], steps, rules, skip_steps=skip_steps)  # read in parallel, each once
+    data = variance_report(group.members)
+    if fmt == "json":
+        text = json.dumps(clean_tree(data), indent=2)
+    elif fmt == "markdown":
+        text = variance_view.render_markdown(data)
+    else:
+        text = variance_view.render_table(data)
+    emit(text, output, force, given)
