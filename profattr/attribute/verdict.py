@@ -32,7 +32,7 @@ def validity(result: dict, min_windows: int = WINDOWS_FOR_VARIANCE) -> dict:
     few = min(windows) < min_windows
     if few:
         reasons.append(f"not established: {windows[0]} and {windows[1]} window(s) per side, fewer than "
-                       f"{min_windows} (--min-windows); the interval covers step-to-step variation only")
+                       f"{min_windows}, too few for the interval to cover window-to-window variance")
     return {"valid": not reasons, "min_windows": min_windows, "reasons": reasons,
             "too_few_windows": few, "comparable": not reasons or (few and len(reasons) == 1)}
 

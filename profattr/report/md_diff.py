@@ -93,8 +93,8 @@ def limitation(diff: dict) -> str:
     verdict, v = diff.get("verdict"), diff.get("validity") or {}
     if verdict == "within noise" and v.get("too_few_windows"):
         w = [(diff.get(k) or {}).get("levels", {}).get("windows") for k in ("a", "b")]
-        return (f", yet **within noise**: {w[0]} and {w[1]} window(s) per side, so the interval covers steps, not "
-                "windows, and no difference is established")
+        return (f", yet **within noise**: {w[0]} and {w[1]} window(s) per side, too few for the interval to cover "
+                "window-to-window variance, so no difference is established")
     if verdict == "not comparable":
         return f", yet **not comparable**: {md_escape('; '.join(v.get('reasons') or []))}"
     return ""
