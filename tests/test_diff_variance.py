@@ -238,3 +238,59 @@ def test_variance_command_groups_windows_by_server_and_configuration(aa, fp8_pai
     assert np.allclose(step["window_means_ms"], want, rtol=1e-9)
     rows = {r["level"]: r for r in step["components"]}
     assert rows["window"]["df"] == 2 and rows["server"]["df"] == 1
+
+
+def _result(windows, servers, ci, delta=0.3, confounds=()):
+    """A diff dict with one device, as compute_diff leaves it before the verdict (synthetic edge cases)."""
+    lv = {"servers": servers, "windows": windows, "steps": 20 * windows}
+    change = ci is not None and not (ci[0] <= 0.0 <= ci[1])
+    return {"a": {"levels": lv}, "b": {"levels": lv}, "interval": diff_stats.coverage(lv, lv),
+            "confounds": list(confounds),
+            "devices": [{"device": 0, "step_ms": {"a": 3.0, "b": 3.0 + delta, "delta": delta, "ci95": ci,
+                                                  "change": change},
+                         "components": [{"component": "idle", "delta_ms_per_step": delta, "ci95": ci,
+                                         "change": change, "noise": not change}]}]}
+
+
+def test_three_windows_of_one_server_can_be_a_change_that_says_the_server_level_is_missing():
+    from profattr.attribute.verdict import decide
+
+    r = _result(3, 1, [0.1, 0.5])
+    decide(r)
+    assert r["verdict"] == "regression" and "server-to-server" in r["verdict_reason"]
+    assert r["devices"][0]["step_ms"]["established"] and r["devices"][0]["components"][0]["established"]
+    both = _result(3, 2, [-0.6, -0.1], delta=-0.3)
+    decide(both)
+    assert both["verdict"] == "improvement" and "server" not in both["verdict_reason"]
+    noise = _result(4, 2, [-0.1, 0.5])
+    decide(noise)
+    assert noise["verdict"] == "within noise"
+
+
+def test_confounds_and_missing_intervals_are_not_comparable():
+    from profattr.attribute.verdict import decide
+
+    r = _result(3, 2, [0.1, 0.5], confounds=[{"kind": "confound", "what": "driver", "a": "570", "b": "580"}])
+    decide(r)
+    assert r["verdict"] == "not comparable" and "driver" in r["verdict_reason"]
+    intended = _result(3, 2, [0.1, 0.5], confounds=[{"kind": "intended", "what": "server argument x", "a": 1,
+                                                     "b": 2}])
+    decide(intended)
+    assert intended["verdict"] == "regression"
+    no_ci = _result(3, 2, None)
+    decide(no_ci)
+    assert no_ci["verdict"] == "not comparable" and "no per-step data" in no_ci["verdict_reason"]
+
+
+def test_only_established_diffs_rank_as_bottlenecks():
+    from profattr.attribute.verdict import decide
+    from profattr.report.bottlenecks import rank_bottlenecks
+
+    def entry(windows):
+        r = _result(windows, 2, [0.1, 0.5])
+        decide(r)
+        r["devices"][0].update(kernels_per_step={"a": 100.0, "b": 100.0})
+        return {"a": "A", "b": "B", "diff": r}
+    ranked = rank_bottlenecks([], [entry(3)])
+    assert [i["kind"] for i in ranked] == ["diff"] and "B is 0.300 ms/step slower than A" in ranked[0]["title"]
+    assert rank_bottlenecks([], [entry(2)]) == []
