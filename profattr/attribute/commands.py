@@ -103,9 +103,33 @@ class GroupsCommand(click.Command):
     def parse_args(self, ctx, args):
         if "--" in args:
             i = args.index("--")
-            ctx.meta["profattr_group_b"] = args[i + 1:]
-            args = args[:i]
+            group_b, options = self._split_options(args[i + 1:])
+            ctx.meta["profattr_group_b"] = group_b
+            args = args[:i] + options
         return super().parse_args(ctx, args)
+
+    def _split_options(self, tail: list) -> tuple:
+        """The captures after `--`, and this command's options written among them (`-- B1 B2 --fail-on 5%`), which
+        go back to the options. A name that is not one of its options stays a capture."""
+        takes = {}
+        for param in self.params:
+            if isinstance(param, click.Option):
+                for name in param.opts + param.secondary_opts:
+                    takes[name] = not (param.is_flag or param.count)
+        captures, options = [], []
+        k = 0
+        while k < len(tail):
+            item = tail[k]
+            name = item.split("=", 1)[0]
+            if name in takes:
+                options.append(item)
+                if takes[name] and "=" not in item and k + 1 < len(tail):
+                    options.append(tail[k + 1])
+                    k += 1
+            else:
+                captures.append(item)
+            k += 1
+        return captures, options
 
 
 @click.command(cls=GroupsCommand)

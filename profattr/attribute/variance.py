@@ -140,7 +140,8 @@ def variance_report(sides: Sequence) -> dict:
                 continue
             dev_out.append({"device": dev, "metrics": [
                 dict(metric=m, **components([[v[m] for v in g] for g in values])) for m in METRICS]})
-        out.append({"configuration": describe_configuration(members[0].run), "key": json.loads(key),
+        note = None if dev_out else "no per-step data (budget JSON input, or too few steps): nothing to split"
+        out.append({"configuration": describe_configuration(members[0].run), "key": json.loads(key), "note": note,
                     "levels": {"servers": len(groups), "windows": len(members),
                                "steps": sum(int((s.budget.get("steps") or {}).get("count") or 0) for s in members)},
                     "servers": [{"server": "unknown" if server_key(g[0].run) is None else server_key(g[0].run)[1],

@@ -30,6 +30,8 @@ def render_table(data: dict) -> str:
         lines.append(f"{c['configuration']}: {lv['servers']} server(s), {lv['windows']} window(s), {lv['steps']} steps")
         for text in _between(c):
             lines.append(f"  differs between servers (in the server component): {text}")
+        if c.get("note"):
+            lines.append(f"  {c['note']}")
         for d in c["devices"]:
             for m in d["metrics"]:
                 lines.append(f"  GPU {d['device']} {m['metric']}: mean {m['mean_ms']:.3f} ms; window means "
@@ -50,6 +52,9 @@ def render_markdown(data: dict) -> str:
                 f"{lv['steps']} steps.", ""]
         for text in _between(c):
             out += [f"Differs between servers (so it is in the server component): {md_escape(text)}.", ""]
+        if c.get("note"):
+            out += [f"{md_escape(c['note'])}.", ""]
+            continue
         out += ["| GPU | metric | mean ms | component | SD ms | share of a step's variance | df |",
                 "|---|---|---:|---|---:|---:|---:|"]
         for d in c["devices"]:
