@@ -295,3 +295,12 @@ def test_only_established_diffs_rank_as_bottlenecks():
     ranked = rank_bottlenecks([], [entry(3)])
     assert [i["kind"] for i in ranked] == ["diff"] and "B is 0.300 ms/step slower than A" in ranked[0]["title"]
     assert rank_bottlenecks([], [entry(2)]) == []
+
+
+def test_variance_markdown_and_table_name_the_levels(aa):
+    a, b = aa
+    for fmt in ("markdown", "table"):
+        result = CliRunner().invoke(cli, ["variance", str(a), str(b), "--format", fmt])
+        assert result.exit_code == 0, result.output
+        assert "1 server(s), 2 window(s)" in result.output
+        assert "needs 2+ servers of the configuration" in result.output or "| server | n/a |" in result.output

@@ -1,7 +1,6 @@
 """Render the variance components (`profattr.variance/1`) for a person (table) or as markdown."""
 from __future__ import annotations
 
-from profattr.attribute.confounds import describe
 from profattr.report.escape import md_escape
 from profattr.text import clean_tree
 
@@ -66,5 +65,3 @@ def render_markdown(data: dict) -> str:
         out.append("")
     return "\n".join(out).rstrip("\n")
 
-
-__all__ = ["render_table", "render_markdown", "describe"]
