@@ -29,7 +29,9 @@ import pandas as pd
 
 from profattr.attribute.budget import Budget, compute_budget
 from profattr.attribute.diff_parts import family_split, fingerprint, kernel_rows, layer_rows
-from profattr.attribute.diff_stats import COMM_WAIT, bootstrap, is_change, practical_ms
+from profattr.attribute.diff_stats import (COMM_WAIT, WINDOWS_FOR_VARIANCE, bootstrap, coverage, is_change, levels,
+                                           practical_ms)
+from profattr.attribute.verdict import decide
 from profattr.errors import ProfattrError
 from profattr.attribute.confounds import compare_runs
 from profattr.trace.reader import run_json_path
@@ -214,9 +216,11 @@ def _mean_device(ds: list) -> dict:
     return out
 
 
-def compute_diff(a: Side, b: Side, samples: int = BOOTSTRAP_SAMPLES, changed: str | None = None) -> dict:
+def compute_diff(a: Side, b: Side, samples: int = BOOTSTRAP_SAMPLES, changed: str | None = None,
+                 min_windows: int = WINDOWS_FOR_VARIANCE) -> dict:
     """The diff dict (`profattr.diff/1`). `changed` names the category family the user changed between the two
-    sides (e.g. `moe`); by default `moe` when the two run.json files name different backends."""
+    sides (e.g. `moe`); by default `moe` when the two run.json files name different backends. `min_windows`: the
+    windows per side below which no change is established (verdict.py)."""
     devices_a = [d["device"] for d in a.budget["devices"]]
     devices_b = [d["device"] for d in b.budget["devices"]]
     for side, devices in ((a, devices_a), (b, devices_b)):
@@ -230,17 +234,19 @@ def compute_diff(a: Side, b: Side, samples: int = BOOTSTRAP_SAMPLES, changed: st
     result = {
         "schema": SCHEMA,
         "a": {"path": a.path, "steps": a.budget["steps"], "backend": (a.run or {}).get("backend"),
-              "replicates": len(a.members)},
+              "replicates": len(a.members), "levels": levels(a.members)},
         "b": {"path": b.path, "steps": b.budget["steps"], "backend": (b.run or {}).get("backend"),
-              "replicates": len(b.members)},
+              "replicates": len(b.members), "levels": levels(b.members)},
         "devices": out_devices,
     }
+    result["interval"] = coverage(result["a"]["levels"], result["b"]["levels"])
     if changed is None and a.run and b.run and a.run.get("backend") != b.run.get("backend"):
         changed = "moe"
     result["changed"] = changed
     result["warnings"] = same_kernel_warnings(result, changed) if changed else []
     result["confounds"] = compare_runs(a.run, b.run)
-    result["verdict"] = verdict(result)
+    decide(result, min_windows)
+    result["summary"] = summary(result)
     return result
 
 
@@ -318,17 +324,22 @@ def _device_diff(a: Side, b: Side, da: int, db: int, rng, samples: int) -> dict:
     }
 
 
-def verdict(result: dict) -> str:
-    """One line: how much slower or faster B is, whether that is a change at all, and the largest causes."""
+def summary(result: dict) -> str:
+    """One line: how much slower or faster B is, whether that is an established change, and the largest causes."""
     parts = []
+    valid = (result.get("validity") or {}).get("valid", True)
     for d in result["devices"]:
         s = d["step_ms"]
         rel = f" ({100.0 * s['relative']:+.1f}%)" if s.get("relative") is not None else ""
-        sig = "" if s.get("change", True) else " within noise"
+        if not valid and s.get("change"):
+            sig = ", not established"
+        else:
+            sig = "" if s.get("change", True) else " within noise"
         real = [c for c in d["components"] if c["change"]]
         real.sort(key=lambda c: -abs(c["delta_ms_per_step"]))
         causes = ", ".join(f"{c['component']} {c['delta_ms_per_step']:+.3f} ms" for c in real[:3])
         parts.append(f"GPU {d['device']}: B {s['delta']:+.3f} ms/step{rel} vs A{sig}"
                      + (f"; mostly {causes}" if causes and not sig else
+                        f"; largest components {causes}" if causes and valid is False and s.get("change") else
                         f", though these components did change: {causes}" if causes else ""))
     return "; ".join(parts)

@@ -6,7 +6,9 @@ numbers (no fixed sentence that the numbers could contradict: every claim below 
   `gap` (`profattr.gap/1` or None) and optionally `why_slow` ({category: sentence from an ncu drill}) and
   `server_log` (run.json's server_log: the kernel configs SGLang fell back to its defaults for) and `timing`
   (run.json's timing: profiled vs unprofiled time per token);
-- diffs: dicts with `a` and `b` (labels) and `diff` (`profattr.diff/1`).
+- diffs: dicts with `a` and `b` (labels) and `diff` (`profattr.diff/1`); only those whose verdict is a regression
+  or improvement rank (a diff over fewer than 3 windows per side, or between confounded runs, establishes no
+  difference: the captures' own budgets rank instead).
 It returns dicts {rank, capture, device, kind, ms_per_step, share_of_step, title, reason, also}, largest first: one
 entry per category (or idle) across captures, taken from the capture where it costs most, with `also` listing the
 other captures where the same category is a bottleneck. Strings are raw (the renderer escapes them).
@@ -213,11 +215,24 @@ def capture_items(cap: dict) -> list:
     return items
 
 
+UNRANKED_VERDICTS = ("within noise", "not comparable")
+
+
+def ranks_diff(diff: dict) -> bool:
+    """Whether a diff may rank: its verdict is a regression or improvement, i.e. its intervals cover window
+    variance and the runs differ only in what the comparison changes (a diff without a verdict: by its
+    intervals alone)."""
+    return diff.get("verdict") not in UNRANKED_VERDICTS
+
+
 def diff_items(entry: dict) -> list:
-    """One candidate per device of a diff: what explains B - A, when the change is beyond noise.
+    """One candidate per device of a diff: what explains B - A, when the change is beyond noise and the comparison
+    establishes it (ranks_diff).
 
     `entry` may carry `a_modes` / `b_modes` ({device: launch mode}) to say when the launch mode changed too."""
     items = []
+    if not ranks_diff(entry["diff"]):
+        return items
     a, b = entry["a"], entry["b"]
     for d in entry["diff"]["devices"]:
         s = d["step_ms"]

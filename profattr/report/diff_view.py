@@ -45,6 +45,28 @@ def family_note(c: dict) -> str:
     return ", ".join(parts)
 
 
+def levels_line(diff: dict) -> str:
+    """What each side was measured at and which variance the intervals cover (raw text), or '' for an older diff."""
+    la, lb = (diff.get("a") or {}).get("levels"), (diff.get("b") or {}).get("levels")
+    cover = diff.get("interval") or {}
+    if not la or not lb:
+        return ""
+
+    def side(x):
+        servers = "?" if x["servers"] is None else x["servers"]
+        return f"{servers} server(s), {x['windows']} window(s), {x['steps']} steps"
+    text = f"A {side(la)}; B {side(lb)}; intervals cover {', '.join(cover.get('covers') or ['steps'])}"
+    if cover.get("missing"):
+        text += "; not " + "; not ".join(cover["missing"])
+    return text
+
+
+def verdict_line(diff: dict) -> str:
+    """`VERDICT (reason)` (raw text); an older diff's verdict sentence as it is."""
+    reason = diff.get("verdict_reason")
+    return f"{diff['verdict']} ({reason})" if reason else str(diff.get("verdict", ""))
+
+
 def render_table(diff: dict) -> str:
     diff = clean_tree(diff)
     lines = [f"A: {diff['a']['path']}", f"B: {diff['b']['path']}"]
@@ -56,6 +78,8 @@ def render_table(diff: dict) -> str:
         lines.append(f"changed: {changed}")
     if confounds:
         lines.append(f"WARNING: also differs (part of the step difference may come from it): {confounds}")
+    if levels_line(diff):
+        lines.append(f"levels: {levels_line(diff)}")
     for d in diff["devices"]:
         s = d["step_ms"]
         lines.append("")
@@ -82,7 +106,9 @@ def render_table(diff: dict) -> str:
                              f"{r['delta_ms_per_step']:>+10.3f}  {r['a_count_per_step']:.1f} -> "
                              f"{r['b_count_per_step']:.1f}")
     lines.append("")
-    lines.append(f"verdict: {diff['verdict']}")
+    if diff.get("summary"):
+        lines.append(f"summary: {diff['summary']}")
+    lines.append(f"verdict: {verdict_line(diff)}")
     return "\n".join(lines)
 
 
@@ -99,6 +125,8 @@ def render_markdown(diff: dict, a_label: str = "A", b_label: str = "B") -> str:
     if confounds:
         out += [f"> **Also differs** (not what the comparison changes; part of the step difference may come from "
                 f"it): {md_escape(confounds)}.", ""]
+    if levels_line(diff):
+        out += [f"Levels: {md_escape(levels_line(diff))}.", ""]
     for d in diff["devices"]:
         s = d["step_ms"]
         out.append(f"**GPU {md_escape(d['device'])}**: {s['a']:.3f} → {s['b']:.3f} ms/step "
@@ -127,5 +155,6 @@ def render_markdown(diff: dict, a_label: str = "A", b_label: str = "B") -> str:
                            f"{r['b_ms_per_step']:.3f} | {r['delta_ms_per_step']:+.3f} | "
                            f"{r['a_count_per_step']:.1f} → {r['b_count_per_step']:.1f} |")
             out.append("")
-    out.append(f"Verdict: {md_escape(diff['verdict'])}")
+    out.append(f"Verdict: **{md_escape(diff['verdict'])}**" + (f" ({md_escape(diff['verdict_reason'])})"
+                                                                 if diff.get("verdict_reason") else ""))
     return "\n".join(out)

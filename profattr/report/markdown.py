@@ -11,6 +11,7 @@ from profattr.report import why_slow
 from profattr.report.budget_view import layer_name
 from profattr.report.campaign import campaign_section
 from profattr.report.escape import md_escape
+from profattr.report.bottlenecks import ranks_diff
 from profattr.report.md_diff import diff_explanation, diff_section  # noqa: F401  (diff_explanation: for callers)
 from profattr.report.md_runtime import launch_section, tp_section
 from profattr.report.md_table import (  # noqa: F401  (code_block: for campaign.py)
@@ -107,6 +108,13 @@ def bottleneck_section(data) -> list:
         return out + ["Nothing above the thresholds (idle under 10% of the step, no category over 5%, no change "
                       "beyond noise).", ""]
     out.append("Largest first, in ms per step; each reason is built from that capture's numbers.")
+    unranked = [e for e in data.diffs if not ranks_diff(e["diff"])]
+    if unranked and len(unranked) == len(data.diffs):
+        out[-1] += (" No difference between captures is ranked: no comparison here has the windows per side (3) "
+                    "and like-for-like runs that establish one, so each capture ranks by its own budget.")
+    elif unranked:
+        out[-1] += (f" {len(unranked)} of the {len(data.diffs)} comparisons establish no difference (too few "
+                    "windows per side, or confounded runs) and are not ranked.")
     out.append("")
     for b in data.bottlenecks:
         where = md_escape(b["capture"])

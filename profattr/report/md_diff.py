@@ -16,7 +16,9 @@ def diff_section(data) -> list:
            *([f"Each capture is compared with the first capture of its batch size ({', '.join(map(md_escape, bases))})."
               , ""] if len(bases) > 1 else []),
            "Each component is B minus A in ms per step; the components add up to the change of the median step. "
-           "Intervals are 95% bootstrap intervals over steps; a component whose interval holds 0 is noise.", ""]
+           "Intervals are 95% bootstrap intervals over servers, windows and steps, as many of each as a side has; "
+           "a component whose interval holds 0 is noise. Over fewer than 3 windows per side an interval holds the "
+           "steps' variation, not the windows', so such a comparison establishes no difference.", ""]
     for entry in data.diffs:
         a, b, diff = entry["a"], entry["b"], entry["diff"]
         out.append(f"### {md_escape(b)} vs {md_escape(a)}")
@@ -56,7 +58,8 @@ def diff_explanation(diff: dict, a: str, b: str, a_modes: dict | None = None, b_
                          f"[{ci[0]:+.3f}, {ci[1]:+.3f}]): no real difference in step time.")
         else:
             sig = f", 95% interval [{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else " (no interval: budget JSON input)"
-            lines.append(f"{gpu}{B} is {direction} than {A} by {abs(s['delta']):.3f} ms/step{rel}{sig}.")
+            lines.append(f"{gpu}{B} is {direction} than {A} by {abs(s['delta']):.3f} ms/step{rel}{sig}"
+                         f"{limitation(diff)}.")
         parts = split_delta(d)
         wait = (f", waiting inside collectives {parts['comm_wait']:+.3f} ms"
                 if any(c["component"] == "comm_wait" for c in d["components"]) else "")
@@ -82,6 +85,19 @@ def diff_explanation(diff: dict, a: str, b: str, a_modes: dict | None = None, b_
             lines.append(f"{gpu}{md_escape(c['component'].split(':', 1)[1])} {c['delta_ms_per_step']:+.3f} ms: "
                          + _component_detail(c, A, B))
     return lines
+
+
+def limitation(diff: dict) -> str:
+    """The one clause that says why a measured difference is not an established one ('' when it is, or for a diff
+    without a verdict)."""
+    verdict, v = diff.get("verdict"), diff.get("validity") or {}
+    if verdict == "within noise" and v.get("too_few_windows"):
+        w = [(diff.get(k) or {}).get("levels", {}).get("windows") for k in ("a", "b")]
+        return (f", yet **within noise**: {w[0]} and {w[1]} window(s) per side, too few for the interval to cover "
+                "window-to-window variance, so no difference is established")
+    if verdict == "not comparable":
+        return f", yet **not comparable**: {md_escape('; '.join(v.get('reasons') or []))}"
+    return ""
 
 
 def _names(names: list) -> str:
