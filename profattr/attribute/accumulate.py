@@ -302,8 +302,10 @@ class StepTotals:
     def exclusive_ns(self) -> pd.DataFrame:
         """device, step, category, exclusive_ns: each step's busy time split among its categories (exclusive.py),
         sorted by (device, step, category); a step's rows add up to its busy_ns."""
-        gid, cat, ns = self.exclusive.finish(len(self.cat_ids))
-        out = exclusive_frame(self.pairs.device, self.pairs.step, gid, cat, ns, list(self.cat_ids))
+        names = list(self.cat_ids)
+        tie = np.argsort(np.argsort(np.array(names, dtype=object), kind="stable"), kind="stable")
+        gid, cat, ns = self.exclusive.finish(len(names), tie)
+        out = exclusive_frame(self.pairs.device, self.pairs.step, gid, cat, ns, names)
         return out.sort_values(["device", "step", "category"], kind="stable").reset_index(drop=True)
 
     def _step_categories(self, rank, dev_sorted, step_sorted, n_groups, combos: pd.DataFrame) -> pd.DataFrame:

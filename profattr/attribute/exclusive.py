@@ -125,19 +125,20 @@ class Exclusive:
         if ok.any():
             self.parts.append(sum_rows(*sweep(g[ok], c[ok], s[ok], e[ok], n_cats)))
 
-    def finish(self, n_cats: int):
+    def finish(self, n_cats: int, tie=None):
         """(pair id, category id, exclusive ns) per pair and category with time, rounded per pair so that each
-        pair's rows add up to its union length (busy)."""
+        pair's rows add up to its union length (busy). `tie`: per category id, its rank among the names (equal
+        remainders go to the lower rank, so the result does not depend on the order categories were met in)."""
         cg, cc, cs, ce = self.carry
         self._sweep(cg, cc, cs, ce, n_cats)
         self.carry = [_EMPTY] * 4
         if not self.parts:
             return _EMPTY, _EMPTY, _EMPTY
         g, c, k, ns = sum_rows(*(np.concatenate([p[i] for p in self.parts]) for i in range(4)))
-        return round_shares(g, c, k, ns)
+        return round_shares(g, c, k, ns, tie)
 
 
-def round_shares(g, c, k, ns):
+def round_shares(g, c, k, ns, tie=None):
     """Integer ns per (g, c) from rows of time `ns` shared among `k` categories (sum of ns / k), rounded by largest
     remainder within each g so that the g's values add up to sum of ns / k over its rows (an integer: every slice
     of k categories is counted once for each of them)."""
@@ -158,9 +159,9 @@ def round_shares(g, c, k, ns):
     total = np.bincount(inv.reshape(-1), weights=per_gk, minlength=len(groups)).round().astype(np.int64)
     gi = np.searchsorted(groups, pg)
     short = total - np.bincount(gi, weights=base, minlength=len(groups)).round().astype(np.int64)
-    # hand the missing ns, one each, to the rows with the largest remainders (ties: lower category id); a float
+    # hand the missing ns, one each, to the rows with the largest remainders (ties: lower `tie` rank); a float
     # sum of remainders just above a whole number could leave one ns too many: taken from the smallest remainders
-    rank_order = np.lexsort((pc, -rest, gi))
+    rank_order = np.lexsort((pc if tie is None else np.asarray(tie)[pc], -rest, gi))
     sorted_gi = gi[rank_order]
     starts = np.searchsorted(sorted_gi, np.arange(len(groups)))
     ends = np.searchsorted(sorted_gi, np.arange(len(groups)), side="right")
