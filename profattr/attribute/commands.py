@@ -130,8 +130,10 @@ def diff(captures, steps, skip_steps, rules, fmt, changed, samples, mapping_a, m
     """Attribute the step-time change from capture A to capture B: `diff A B`, or from one group of replicate
     captures to another: `diff A1 A2 -- B1 B2` (or `diff 'a-r*.sqlite' 'b-r*.sqlite'`, glob patterns quoted).
 
-    Captures are .sqlite / .nsys-rep / torch-profiler traces, or budget JSON files. Components (categories by
-    kernel family, idle, overlap) add up exactly to the change of the median step time; with several GPUs running
+    Captures are .sqlite / .nsys-rep / torch-profiler traces, or budget JSON files. Components (each category's
+    exclusive time, split by kernel family, idle) add up exactly to the change of the median step time; a
+    category's change of overlapped time (run alongside other categories) is shown as its contention; with several
+    GPUs running
     collectives, the time spent waiting for the slowest rank is its own component (comm_wait). A component is
     called a change only when its 95% interval (over steps and replicates) excludes 0 and it is at least 1 us or
     0.5% of A's step.

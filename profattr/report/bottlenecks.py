@@ -283,7 +283,7 @@ def kernel_idle_sentence(parts: dict, delta: float, a: str, b: str) -> str | Non
 
 
 def split_delta(d: dict) -> dict:
-    """A diff device's step delta as kernel time (categories minus overlap), collective wait (ranks waiting for
+    """A diff device's step delta as kernel time (categories' exclusive time), collective wait (ranks waiting for
     each other inside collectives), idle, and median-vs-mean drift; the four add up to the step delta."""
     out = {"kernel": 0.0, "comm_wait": 0.0, "idle": 0.0, "variability": 0.0}
     for c in d["components"]:
