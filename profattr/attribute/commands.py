@@ -70,6 +70,8 @@ def budget(capture, steps, skip_steps, rules, fmt, top, by, layer_range, mapping
     """Per decode step and per GPU: time per kernel category and kernel, idle time, and coverage.
 
     CAPTURE is an Nsight Systems SQLite export (or a .nsys-rep, exported beside it when nsys is available).
+    Each category's exclusive time (the busy time, each moment shared equally among the categories running then)
+    and idle add up to the mean step, so the shares add up to 100%; its overlapped time is the rest of its op time.
     With several GPUs running collectives, each GPU's collective time is split into transfer and wait.
     """
     from profattr.attribute.budget import compute_budget
