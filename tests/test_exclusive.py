@@ -245,3 +245,78 @@ def test_any_interval_set_splits_exactly(ops, windows):
         assert sum(v for (a, _), v in got.items() if a == group) == union
         for cat in set(want) | {b for (a, b) in got if a == group}:
             assert abs(got.get((group, cat), 0) - want.get(cat, 0)) < 1
+
+
+# --- the diff: a category's own change (exclusive) and its contention (overlapped) -------------------------------------
+
+def test_diff_components_are_exclusive_changes_and_close_exactly(export_example):
+    """Triton vs CUTLASS MoE at batch 4 (the shared expert on a second stream): each category's component is the
+    change of its exclusive time, its contention the change of its overlapped time; the components add up to the
+    step change exactly, and the bootstrap's per-step columns are the same exclusive times."""
+    from profattr.attribute.diff import compute_diff, group, load_side
+    from profattr.attribute.diff_stats import step_matrix
+
+    sa = group([load_side(export_example(f"glm5/glm-triton-bs4-r{r}")) for r in (1, 2)])
+    sb = group([load_side(export_example(f"glm5/glm-cutlass-bs4-r{r}")) for r in (1, 2)])
+    result = compute_diff(sa, sb, samples=200)
+    d = result["devices"][0]
+    names = [c["component"] for c in d["components"]]
+    assert "overlap" not in names
+    total = sum(c["delta_ms_per_step"] for c in d["components"])
+    assert total == pytest.approx(d["step_ms"]["delta"], abs=1e-12)
+    assert abs(d["closure_ms"]) < 1e-12
+    A, B = sa.budget["devices"][0], sb.budget["devices"][0]
+    cats_a = {c["category"]: c for c in A["categories"]}
+    cats_b = {c["category"]: c for c in B["categories"]}
+    contended = 0
+    for c in d["components"]:
+        if not c["component"].startswith("category:"):
+            continue
+        cat = c["component"].split(":", 1)[1]
+        a, b = cats_a.get(cat, {}), cats_b.get(cat, {})
+        excl = b.get("exclusive_ms_per_step", 0.0) - a.get("exclusive_ms_per_step", 0.0)
+        over = b.get("overlapped_ms_per_step", 0.0) - a.get("overlapped_ms_per_step", 0.0)
+        op = b.get("ms_per_step", 0.0) - a.get("ms_per_step", 0.0)
+        assert c["delta_ms_per_step"] == pytest.approx(excl, abs=1e-12)
+        assert c["contention_ms_per_step"] == pytest.approx(over, abs=1e-12)
+        assert c["op_delta_ms_per_step"] == pytest.approx(op, abs=1e-12)
+        assert excl + over == pytest.approx(op, abs=1e-12)
+        parts = ("added_ms", "removed_ms", "from_count_ms", "from_duration_ms", "moved_to_comm_wait_ms",
+                 "moved_to_overlap_ms")
+        assert sum(c[k] for k in parts) == pytest.approx(c["delta_ms_per_step"], abs=1e-9)
+        contended += abs(over) > 1e-3
+    assert contended  # at batch 4 some categories' overlapped time changes with the MoE backend
+    # the per-step matrix of each replicate: its category columns average to the replicate's exclusive time
+    for side in sa.members + sb.members:
+        m = step_matrix(side, 0, names)
+        dev = side.budget["devices"][0]
+        for j, name in enumerate(names):
+            if name.startswith("category:"):
+                cat = name.split(":", 1)[1]
+                want = next((c["exclusive_ms_per_step"] for c in dev["categories"] if c["category"] == cat), 0.0)
+                assert m[:, j].mean() == pytest.approx(want, abs=1e-12)
+        # the step's exclusive columns plus idle are each step's span
+        idle = names.index("idle")
+        cols = [j for j, n in enumerate(names) if n.startswith("category:")]
+        assert np.allclose(m[:, cols].sum(axis=1) + m[:, idle], m[:, -1], rtol=0, atol=1e-12)
+
+
+def test_budget_json_from_before_exclusive_time_diffs_with_overlap(export_example, tmp_path):
+    """A budget JSON without exclusive fields (as written before them): the diff keeps the old split (categories'
+    op time, overlap), which closes too."""
+    from profattr.attribute.diff import compute_diff, load_side
+
+    d = compute_budget(export_example("glm5/glm-triton-bs4-r1")).to_dict()
+    for dev in d["devices"]:
+        dev.pop("idle_share")
+        for c in dev["categories"]:
+            for k in ("exclusive_ms_per_step", "overlapped_ms_per_step", "share"):
+                c.pop(k)
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(d))
+    new = tmp_path / "new.json"
+    new.write_text(compute_budget(export_example("glm5/glm-cutlass-bs4-r1")).to_json())
+    result = compute_diff(load_side(old), load_side(new), samples=0)
+    dev = result["devices"][0]
+    assert "overlap" in {c["component"] for c in dev["components"]}
+    assert abs(dev["closure_ms"]) < 1e-9
