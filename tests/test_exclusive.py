@@ -320,3 +320,50 @@ def test_budget_json_from_before_exclusive_time_diffs_with_overlap(export_exampl
     dev = result["devices"][0]
     assert "overlap" in {c["component"] for c in dev["components"]}
     assert abs(dev["closure_ms"]) < 1e-9
+
+
+# --- one share everywhere --------------------------------------------------------------------------------------------
+
+def _md_shares(text: str, after: str) -> dict:
+    """category -> share cell of the first category table (exclusive ms | share | ...) after the line `after`."""
+    lines = text.split(after, 1)[1].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| category | exclusive ms/step"))
+    out = {}
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.strip("|").split(" | ")]
+        out[cells[0].replace("\\", "").strip("*")] = cells[2]
+    return out
+
+
+def test_budget_and_report_print_the_same_shares_and_they_add_up(export_example, tmp_path):
+    from click.testing import CliRunner
+
+    from profattr.cli import cli
+
+    path = export_example("glm5/glm-triton-bs4-r1")
+    runner = CliRunner()
+    budget = json.loads(runner.invoke(cli, ["budget", str(path), "--format", "json"]).stdout)
+    d = budget["devices"][0]
+    md = runner.invoke(cli, ["budget", str(path), "--format", "markdown"]).stdout
+    table = runner.invoke(cli, ["budget", str(path)]).stdout
+    result = runner.invoke(cli, ["report", str(path), "-o", str(tmp_path / "r")])
+    assert result.exit_code == 0, result.output
+    report = (tmp_path / "r" / "report.md").read_text(encoding="utf-8")
+    in_budget = _md_shares(md, "### GPU 0")
+    in_report = _md_shares(report, "## Per-step budget")
+    assert in_budget == in_report
+    want = {c["category"]: f"{100.0 * c['share']:.1f}%" for c in d["categories"]}
+    want["idle (inside steps)"] = f"{100.0 * d['idle_share']:.1f}%"
+    want["mean step"] = "100.0%"
+    assert in_budget == want
+    for c in d["categories"]:  # the text table: exclusive ms, then the same share
+        row = next(line for line in table.splitlines() if line.split()[:1] == [c["category"]])
+        assert row.split()[2] == want[c["category"]]
+    # exclusive times and idle make the mean step; the shares 100 % (each printed to 0.1 %)
+    assert sum(c["share"] for c in d["categories"]) + d["idle_share"] == pytest.approx(1.0, abs=1e-12)
+    printed = sum(float(v.rstrip("%")) for k, v in in_budget.items() if k != "mean step")
+    assert printed == pytest.approx(100.0, abs=0.05 * len(in_budget))
+    # and the old op-time shares would not have: the overlap of the second stream
+    assert sum(c["ms_per_step"] for c in d["categories"]) + d["idle_ms_per_step"] > 1.1 * d["mean_step_ms"]

@@ -76,7 +76,7 @@ def sweep_section(data) -> list:
            "below compare captures of the same batch size only.", ""]
     out += _table(["capture", "MoE backend"] + (["FP8 GEMM backend"] if fp8 else []) + ["batch", "mean step ms",
                    "GPU ms/token", "tokens/s",
-                   "unprofiled ms/step"] + [f"{md_escape(c)} ms" for c in cats], rows)
+                   "unprofiled ms/step"] + [f"{md_escape(c)} exclusive ms" for c in cats], rows)
     return out + ["", "Unprofiled ms/step: the client's timing of decode without the profiler (run.json), per "
                   "generated token of each sequence.", ""]
 
