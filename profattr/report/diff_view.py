@@ -39,7 +39,7 @@ def family_note(c: dict) -> str:
     parts = []
     for key, label in (("added_ms", "added"), ("removed_ms", "removed"), ("from_count_ms", "count"),
                        ("from_duration_ms", "duration"), ("moved_to_comm_wait_ms", "to comm_wait"),
-                       ("moved_to_overlap_ms", "to overlapped (contention)")):
+                       ("moved_to_overlap_ms", "contention taken out")):
         v = c.get(key) or 0.0
         if abs(v) >= 5e-4:
             parts.append(f"{label} {v:+.3f}")

@@ -107,6 +107,7 @@ def _component_detail(c: dict, A: str, B: str) -> str:
         text += f"; kernels only in {A}: {_names(only_a)}; only in {B}: {_names(only_b)}"
     contention = c.get("contention_ms_per_step") or 0.0
     if abs(contention) >= 5e-4:
-        text += (f"; besides, its time run alongside other categories changed by {contention:+.3f} ms (contention: "
-                 f"its op time changed {c.get('op_delta_ms_per_step', 0.0):+.3f} ms, the step pays the rest)")
+        text += (f"; besides, its overlapped time (run alongside other categories) changed by {contention:+.3f} ms: "
+                 f"contention, which the step does not pay (its op time changed "
+                 f"{c.get('op_delta_ms_per_step', 0.0):+.3f} ms)")
     return text + "."
