@@ -51,6 +51,35 @@ def merge_segments(key: np.ndarray, start: np.ndarray, end: np.ndarray):
     return out_k[keep], out_s[keep], seg_end[keep]
 
 
+def solo_ops(group: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Per op, whether it overlaps no other op of its group (its busy time is all its own: k = 1); most ops of a
+    one-stream decode, which then need no sweep."""
+    if len(start) < 2:
+        return np.ones(len(start), dtype=bool)
+    if (start[1:] >= start[:-1]).all():  # in start order (a window)
+        if (start[1:] >= np.maximum.accumulate(end)[:-1]).all():
+            return np.ones(len(start), dtype=bool)  # no op overlaps any other at all (one GPU, one stream)
+        order = np.argsort(group, kind="stable")  # keeps the start order, and runs of one step sort in linear time
+    else:
+        order = np.lexsort((start, group))
+    g, s, e = group[order], start[order], end[order]
+    first = np.r_[True, g[1:] != g[:-1]]
+    bounds = np.flatnonzero(first)
+    lo = np.repeat(s[bounds], np.diff(np.r_[bounds, len(g)]))  # each group's first start
+    width = int((e - lo).max()) + 1
+    rank = np.cumsum(first) - 1
+    run = np.maximum.accumulate(e - lo + rank * width)  # one running maximum of the ends, never mixing groups
+    prev = np.empty_like(run)
+    prev[0] = -1
+    prev[1:] = run[:-1]
+    opens = first | (s - lo + rank * width >= prev)  # a cluster of overlapping ops opens here
+    cluster = np.cumsum(opens) - 1
+    alone = np.bincount(cluster)[cluster] == 1
+    out = np.empty(len(g), dtype=bool)
+    out[order] = alone
+    return out
+
+
 def sweep(group: np.ndarray, cat: np.ndarray, start: np.ndarray, end: np.ndarray, n_cats: int):
     """(group, category, k, ns) rows: per (group, category) the time it ran while k categories ran (S[k])."""
     n_cats = max(int(n_cats), 1)
@@ -86,14 +115,31 @@ def sweep(group: np.ndarray, cat: np.ndarray, start: np.ndarray, end: np.ndarray
     return tuple(np.concatenate(x) for x in (rows_g, rows_c, rows_k, rows_ns))
 
 
+def sum_solo(g, c, ns):
+    """(g, c, k = 1, ns) rows of ops that ran alone, summed per (g, c) by hashing (no sort of the ops)."""
+    if len(g) == 0:
+        return _EMPTY, _EMPTY, _EMPTY, _EMPTY
+    codes, uniq = pd.factorize(g)
+    n_c = int(c.max()) + 1
+    key = codes.astype(np.int64) * n_c + c
+    size = len(uniq) * n_c
+    count = np.bincount(key, minlength=size)
+    total = np.bincount(key, weights=ns, minlength=size)  # exact: integer sums far below 2**53
+    hit = np.flatnonzero(count)
+    return (np.asarray(uniq, dtype=np.int64)[hit // n_c], hit % n_c, np.ones(len(hit), dtype=np.int64),
+            np.rint(total[hit]).astype(np.int64))
+
+
 def sum_rows(g, c, k, ns):
     """The (g, c, k, ns) rows with equal (g, c, k) summed (exact integers), sorted."""
     if len(g) == 0:
         return _EMPTY, _EMPTY, _EMPTY, _EMPTY
-    order = np.lexsort((k, c, g))
-    g, c, k, ns = g[order], c[order], k[order], ns[order]
-    first = np.flatnonzero(np.r_[True, (g[1:] != g[:-1]) | (c[1:] != c[:-1]) | (k[1:] != k[:-1])])
-    return g[first], c[first], k[first], np.add.reduceat(ns, first)
+    n_c, n_k = int(c.max()) + 1, int(k.max()) + 1
+    key = (g * n_c + c) * n_k + k  # pair ids, categories and k are small: one int64 key, sorted once
+    order = np.argsort(key, kind="stable")
+    key = key[order]
+    first = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+    return g[order][first], c[order][first], k[order][first], np.add.reduceat(ns[order], first)
 
 
 class Exclusive:
@@ -122,8 +168,15 @@ class Exclusive:
 
     def _sweep(self, g, c, s, e, n_cats) -> None:
         ok = e > s
-        if ok.any():
-            self.parts.append(sum_rows(*sweep(g[ok], c[ok], s[ok], e[ok], n_cats)))
+        if not ok.any():
+            return
+        g, c, s, e = g[ok], c[ok], s[ok], e[ok]
+        alone = solo_ops(g, s, e)
+        rows = [sum_solo(g[alone], c[alone], (e - s)[alone])]
+        if not alone.all():
+            rest = ~alone
+            rows.append(sweep(g[rest], c[rest], s[rest], e[rest], n_cats))
+        self.parts.append(sum_rows(*(np.concatenate([r[i] for r in rows]) for i in range(4))))
 
     def finish(self, n_cats: int, tie=None):
         """(pair id, category id, exclusive ns) per pair and category with time, rounded per pair so that each
