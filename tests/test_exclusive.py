@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.configuration import set_hypothesis_home_dir
 
-from conftest import GLM_CAPTURES, SGLANG_CAPTURES, WORKLOAD_CAPTURES
+from conftest import GLM_CAPTURES, SGLANG_CAPTURES, SGLANG_EAGER_CAPTURES, WORKLOAD_2024_CAPTURES, WORKLOAD_CAPTURES
 from independent import GRAPH_STEPS_CTE, MEMOPS, NVTX_LIKE_STEPS_CTE, NVTX_STEPS_CTE, OPS_CTE, _connect, _tables, sql
 from profattr.attribute.budget import budget_of, compute_budget
 from profattr.attribute.exclusive import Exclusive
@@ -34,13 +34,17 @@ DECODE = "step[DECODE bs=%]"
 # one GPU and two streams (bs4: the shared expert on a second stream), graphs and eager, TP2 with collectives
 CAPTURES = (["glm5/glm-triton-bs1-r1", "glm5/glm-triton-bs4-r1", "glm5/glm-cutlass-bs4-r1", "glm5/glm-fp8dg-bs4-r1",
              "glm5/glm-triton-eager"] + SGLANG_CAPTURES[:1] + ["wl-eager-loop", "wl-graph-grouped-tp2"])
-ALL = GLM_CAPTURES + SGLANG_CAPTURES + WORKLOAD_CAPTURES
+# every committed capture with kernel rows (wl-graph-trace-graph has none: `--cuda-graph-trace=graph`)
+ALL = (GLM_CAPTURES + SGLANG_CAPTURES + SGLANG_EAGER_CAPTURES + WORKLOAD_CAPTURES
+       + [n for n in WORKLOAD_2024_CAPTURES if n != "wl-graph-trace-graph"])
 
 
 def step_cte(name: str, path):
     """The step definition of the capture family, as tests/test_budget_real.py and test_glm_real.py use it."""
     if name.startswith("glm5/"):
         return NVTX_LIKE_STEPS_CTE, {"pattern": DECODE}
+    if name in SGLANG_EAGER_CAPTURES:  # SGLang's per-forward module range, as test_sglang_mapping_real.py takes it
+        return NVTX_STEPS_CTE, {"name": compute_budget(path).steps_source.split(":", 1)[1]}
     if name.startswith("sglang-"):
         rows = sql(path, """SELECT r.globalTid, r.start FROM CUPTI_ACTIVITY_KIND_RUNTIME r
                             JOIN StringIds s ON s.id = r.nameId WHERE s.value LIKE 'cudaGraphLaunch%'
