@@ -7,6 +7,9 @@ carries the latest end seen so far, and the next window's intervals continue the
 whose ops start before that group's last start (ops not in start order) makes `in_order` False, and the caller
 computes the budget in one window instead.
 
+The exclusive split of busy time among categories (exclusive.py) continues across windows the same way: the
+intervals still running at a group's latest start are carried into the next window.
+
 Combinations (demangled name, short name, NVTX context mask) are classified once each, when first met; at the end
 they are put in the order one window over all ops gives (sorted), so the results are identical either way.
 """
@@ -15,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from profattr.attribute.exclusive import Exclusive, frame as exclusive_frame
 from profattr.trace.ops import KIND_KERNEL, Ops, memop_name
 
 COMM_PREFIX = "comm."
@@ -149,6 +153,7 @@ class StepTotals:
         self.outside: dict = {}  # device -> [ns, count]
         self.status = np.zeros(4, dtype=np.int64)
         self.comm: list = []  # per window: comm ops inside steps
+        self.exclusive = Exclusive()  # the busy time split among categories (exclusive.py)
         self.in_order = True
 
     def add(self, ops: Ops, step: np.ndarray, combo: np.ndarray, combos: Combos | None, status: np.ndarray | None,
@@ -184,8 +189,11 @@ class StepTotals:
                                             minlength=n_groups).astype(np.int64)
         cat_names = categories if categories is not None else np.array(
             [combos.category_of(i) for i in range(len(combos.rows))], dtype=object)
+        cat_of_reg = np.array([self.cat_ids.setdefault(c, len(self.cat_ids)) for c in cat_names], dtype=np.int64)
+        cat = cat_of_reg[reg] if len(cat_of_reg) else np.zeros(len(reg), dtype=np.int64)
+        self.exclusive.add(gid[group], cat, start, end, cols["last_start"], len(self.cat_ids))
         if self.step_categories:
-            self._add_categories(gid, group, n_groups, reg, dur, cat_names)
+            self._add_categories(gid, group, n_groups, cat, dur)
         # per (device, combination)
         dc, dc_group = group_rows(dev, reg)
         ns = np.bincount(dc_group, weights=dur, minlength=len(dc)).round().astype(np.int64)
@@ -199,10 +207,8 @@ class StepTotals:
                 self.comm.append({"device": dev[pick], "stream": ops.stream[sel][pick], "start": start[pick],
                                   "end": end[pick], "step": stp[pick], "reg": reg[pick]})
 
-    def _add_categories(self, gid, group, n_groups, reg, dur, cat_names) -> None:
-        """Per (step, category) sums of one window: category id per registry combination."""
-        cat_of_reg = np.array([self.cat_ids.setdefault(c, len(self.cat_ids)) for c in cat_names], dtype=np.int64)
-        cat = cat_of_reg[reg] if len(cat_of_reg) else np.zeros(len(reg), dtype=np.int64)
+    def _add_categories(self, gid, group, n_groups, cat, dur) -> None:
+        """Per (step, category) sums of one window: `cat`, the category id of each op."""
         n_cats = max(len(self.cat_ids), 1)
         key = group * n_cats + cat
         ns = np.bincount(key, weights=dur, minlength=n_groups * n_cats).round().astype(np.int64)
@@ -292,6 +298,15 @@ class StepTotals:
                                   "count": count[count > 0]})
         outside = {d: (ns_, cnt) for d, (ns_, cnt) in self.outside.items()}
         return per_step, per_step_category, per_combo, outside
+
+    def exclusive_ns(self) -> pd.DataFrame:
+        """device, step, category, exclusive_ns: each step's busy time split among its categories (exclusive.py),
+        sorted by (device, step, category); a step's rows add up to its busy_ns."""
+        names = list(self.cat_ids)
+        tie = np.argsort(np.argsort(np.array(names, dtype=object), kind="stable"), kind="stable")
+        gid, cat, ns = self.exclusive.finish(len(names), tie)
+        out = exclusive_frame(self.pairs.device, self.pairs.step, gid, cat, ns, names)
+        return out.sort_values(["device", "step", "category"], kind="stable").reset_index(drop=True)
 
     def _step_categories(self, rank, dev_sorted, step_sorted, n_groups, combos: pd.DataFrame) -> pd.DataFrame:
         """per_step_category from the windows' parts; `rank`: final row of each pair id in (device, step) order."""

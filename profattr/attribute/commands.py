@@ -70,6 +70,8 @@ def budget(capture, steps, skip_steps, rules, fmt, top, by, layer_range, mapping
     """Per decode step and per GPU: time per kernel category and kernel, idle time, and coverage.
 
     CAPTURE is an Nsight Systems SQLite export (or a .nsys-rep, exported beside it when nsys is available).
+    Each category's exclusive time (the busy time, each moment shared equally among the categories running then)
+    and idle add up to the mean step, so the shares add up to 100%; its overlapped time is the rest of its op time.
     With several GPUs running collectives, each GPU's collective time is split into transfer and wait.
     """
     from profattr.attribute.budget import compute_budget
@@ -163,8 +165,10 @@ def diff(captures, steps, skip_steps, rules, fmt, changed, samples, mapping_a, m
     """Attribute the step-time change from capture A to capture B: `diff A B`, or from one group of replicate
     captures to another: `diff A1 A2 -- B1 B2` (or `diff 'a-r*.sqlite' 'b-r*.sqlite'`, glob patterns quoted).
 
-    Captures are .sqlite / .nsys-rep / torch-profiler traces, or budget JSON files. Components (categories by
-    kernel family, idle, overlap) add up exactly to the change of the median step time; with several GPUs running
+    Captures are .sqlite / .nsys-rep / torch-profiler traces, or budget JSON files. Components (each category's
+    exclusive time, split by kernel family, idle) add up exactly to the change of the median step time; a
+    category's change of overlapped time (run alongside other categories) is shown as its contention; with several
+    GPUs running
     collectives, the time spent waiting for the slowest rank is its own component (comm_wait). A component is
     called a change only when its 95% interval (over servers, windows and steps) excludes 0 and it is at least 1 us
     or 0.5% of A's step. The verdict (regression, improvement, within noise, not comparable) needs --min-windows

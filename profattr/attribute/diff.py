@@ -3,9 +3,16 @@ categories, kernel families and idle time.
 
 Per device the components add up exactly to the change of `step_ms` (the median step span):
 
-    step_ms = sum(category ms/step) - overlap + idle + (median - mean span)
+    step_ms = sum(category exclusive ms/step) + idle + (median - mean span)
 
-so   delta(step_ms) = sum(delta category) - delta(overlap) + delta(idle) + delta(median - mean).
+so   delta(step_ms) = sum(delta category exclusive) + delta(idle) + delta(median - mean).
+
+A category's component is the change of its exclusive time (its part of the busy time, budget.py): its own change.
+The change of its overlapped time (its op time that ran alongside other categories, e.g. slowed by work on another
+stream) is contention, reported in its row (`contention_ms_per_step`) and in no component: its family parts
+(diff_parts.py) describe its op time change (`op_delta_ms_per_step`), so with `moved_to_overlap_ms` (minus the
+contention) and `moved_to_comm_wait_ms` they close on its delta. A budget JSON from before exclusive time
+has only op time: its components are then the categories' op time and `overlap` (minus the device's overlap).
 
 With collectives on two or more GPUs (budget `comm`), the time a rank spent waiting for the slowest rank is split
 out of the comm categories into its own component `comm_wait` (the categories keep their transfer part), so the
@@ -182,6 +189,9 @@ SCALARS = ("step_ms", "mean_step_ms", "busy_ms_per_step", "idle_ms_per_step", "o
            "kernels_per_step", "memops_per_step", "unclassified_share")
 
 
+EXCLUSIVE_FIELDS = ("exclusive_ms_per_step", "overlapped_ms_per_step", "share")
+
+
 def _mean_rows(rows_per_replicate: list, key, fields=("ms_per_step", "count_per_step")) -> list:
     n = len(rows_per_replicate)
     acc: dict = {}
@@ -202,7 +212,12 @@ def _mean_device(ds: list) -> dict:
     out = {"device": ds[0]["device"], "steps": sum(d["steps"] for d in ds), "replicates": n}
     for f in SCALARS:
         out[f] = sum(d[f] for d in ds) / n
-    out["categories"] = _mean_rows([d["categories"] for d in ds], lambda r: r["category"])
+    if all("idle_share" in d for d in ds):
+        out["idle_share"] = sum(d["idle_share"] for d in ds) / n
+    fields = ("ms_per_step", "count_per_step")
+    if all(f in c for d in ds for c in d["categories"] for f in EXCLUSIVE_FIELDS):
+        fields += EXCLUSIVE_FIELDS
+    out["categories"] = _mean_rows([d["categories"] for d in ds], lambda r: r["category"], fields)
     out["kernels"] = _mean_rows([d["kernels"] for d in ds], lambda r: (r["name"], r["demangled"], r["category"],
                                                                         r.get("family")))
     if all(d.get("comm") for d in ds):
@@ -263,18 +278,35 @@ def same_kernel_warnings(result: dict, changed: str) -> list:
     return warnings
 
 
-def components_of(d: dict) -> dict:
-    """Component values (ms/step) whose sum is step_ms."""
-    comp = {f"category:{c['category']}": c["ms_per_step"] for c in d["categories"]}
+def has_exclusive(d: dict) -> bool:
+    """Whether a device budget has exclusive time per category (budgets from before it have only op time)."""
+    return all("exclusive_ms_per_step" in c for c in d["categories"])
+
+
+def components_of(d: dict, exclusive: bool | None = None) -> dict:
+    """Component values (ms/step) whose sum is step_ms: categories' exclusive time (`exclusive`, by default when
+    the budget has it), else their op time and minus the overlap."""
+    exclusive = has_exclusive(d) if exclusive is None else exclusive
+    key = "exclusive_ms_per_step" if exclusive else "ms_per_step"
+    comp = {f"category:{c['category']}": c[key] for c in d["categories"]}
     comm = d.get("comm")
     if comm:
         for c in comm["by_category"]:
             comp[f"category:{c['category']}"] = comp.get(f"category:{c['category']}", 0.0) - c["wait_ms_per_step"]
         comp[COMM_WAIT] = comm["wait_ms_per_step"]
     comp["idle"] = d["idle_ms_per_step"]
-    comp["overlap"] = -d["overlap_ms_per_step"]
+    if not exclusive:
+        comp["overlap"] = -d["overlap_ms_per_step"]
     comp["step_variability"] = d["step_ms"] - d["mean_step_ms"]
     return comp
+
+
+def _op_of(d: dict, cat: str) -> float:
+    return next((c["ms_per_step"] for c in d["categories"] if c["category"] == cat), 0.0)
+
+
+def _overlapped_of(d: dict, cat: str) -> float:
+    return next((c.get("overlapped_ms_per_step", 0.0) for c in d["categories"] if c["category"] == cat), 0.0)
 
 
 def _wait_of(d: dict, cat: str) -> float:
@@ -285,7 +317,8 @@ def _wait_of(d: dict, cat: str) -> float:
 def _device_diff(a: Side, b: Side, da: int, db: int, rng, samples: int) -> dict:
     A = next(d for d in a.budget["devices"] if d["device"] == da)
     B = next(d for d in b.budget["devices"] if d["device"] == db)
-    ca, cb = components_of(A), components_of(B)
+    exclusive = has_exclusive(A) and has_exclusive(B)  # both sides split the same way, or neither
+    ca, cb = components_of(A, exclusive), components_of(B, exclusive)
     names = sorted(set(ca) | set(cb), key=lambda n: (-abs(cb.get(n, 0.0) - ca.get(n, 0.0)), n))
     delta_step = B["step_ms"] - A["step_ms"]
     threshold = practical_ms(A["step_ms"])
@@ -300,6 +333,10 @@ def _device_diff(a: Side, b: Side, da: int, db: int, rng, samples: int) -> dict:
             split = family_split(A, B, cat)
             # a comm category's component is its transfer part: the change of its wait went to comm_wait
             split["moved_to_comm_wait_ms"] = -(_wait_of(B, cat) - _wait_of(A, cat))
+            if exclusive:  # the change of its time run alongside other categories: contention, not its own
+                split["contention_ms_per_step"] = _overlapped_of(B, cat) - _overlapped_of(A, cat)
+                split["op_delta_ms_per_step"] = _op_of(B, cat) - _op_of(A, cat)
+                split["moved_to_overlap_ms"] = -split["contention_ms_per_step"]  # with the family parts: delta
             row.update(split)
             row["kernels"] = kernel_rows(A, B, cat)
         ci = boot.get(name) if boot else None

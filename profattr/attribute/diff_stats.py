@@ -41,14 +41,19 @@ def is_change(delta: float, ci, threshold: float) -> bool:
 
 
 def step_matrix(side, device: int, names: list) -> np.ndarray | None:
-    """Steps x components matrix (ms) of one replicate, plus the span (last column), for bootstrapping."""
+    """Steps x components matrix (ms) of one replicate, plus the span (last column), for bootstrapping. Category
+    columns are the steps' exclusive time (`exclusive_ns`), or their op time when the components have `overlap`
+    (budgets from before exclusive time)."""
     ps, psc = side.per_step, side.per_step_category
     if ps is None or psc is None:
         return None
     steps = ps[ps["device"] == device].set_index("step")
     if steps.empty:
         return None
-    cat = psc[psc["device"] == device].pivot_table(index="step", columns="category", values="ns",
+    value = "ns" if "overlap" in names else "exclusive_ns"
+    if value not in psc.columns:
+        return None
+    cat = psc[psc["device"] == device].pivot_table(index="step", columns="category", values=value,
                                                    aggfunc="sum", fill_value=0)
     cat = cat.reindex(steps.index, fill_value=0)
     wait = None

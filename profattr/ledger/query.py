@@ -10,7 +10,7 @@ import pandas as pd
 from profattr.attribute.budget import SCHEMA as BUDGET_SCHEMA
 from profattr.attribute.diff import BOOTSTRAP_SAMPLES, Side, compute_diff
 from profattr.errors import ProfattrError
-from profattr.ledger.schema import TABLES
+from profattr.ledger.schema import TABLES, has_columns
 
 JSON_COLUMNS = ("rules_files", "nvtx_placement", "comm_summary", "export_gpus", "backend_json", "server_resolved",
                 "server_args")
@@ -59,7 +59,9 @@ def _by_device(rows) -> dict:
 def budget_dict(db, entry: dict) -> dict:
     """The entry's budget as `profattr budget --format json` gave it when added (without per-layer rows)."""
     eid = entry["id"]
-    cats = _by_device(db.query("SELECT device, category, ms_per_step, count_per_step FROM categories "
+    extra = (", exclusive_ms_per_step, overlapped_ms_per_step"
+             if has_columns(db, "categories", ("exclusive_ms_per_step", "overlapped_ms_per_step")) else "")
+    cats = _by_device(db.query(f"SELECT device, category, ms_per_step, count_per_step{extra} FROM categories "
                                "WHERE entry_id = ? ORDER BY device, position", [eid]))
     kernels = _by_device(db.query("SELECT device, name, demangled, category, family, ms_per_step, count_per_step "
                                   "FROM kernels WHERE entry_id = ? ORDER BY device, position", [eid]))
@@ -71,7 +73,9 @@ def budget_dict(db, entry: dict) -> dict:
         dev = d["device"]
         out = {k: d[k] for k in ("device", "steps", "step_ms", "mean_step_ms", "busy_ms_per_step", "idle_ms_per_step",
                                  "overlap_ms_per_step", "kernels_per_step", "memops_per_step")}
-        out["categories"] = [_drop_device(c) for c in cats.get(dev, [])]
+        out["categories"] = _category_rows(cats.get(dev, []), out["mean_step_ms"])
+        if all("share" in c for c in out["categories"]):
+            out["idle_share"] = out["idle_ms_per_step"] / out["mean_step_ms"] if out["mean_step_ms"] else 0.0
         out["kernels"] = [_drop_device(k) for k in kernels.get(dev, [])]
         out["unclassified_share"] = d["unclassified_share"]
         out["outside_steps"] = {"ops": d["outside_steps_ops"], "ms": d["outside_steps_ms"]}
@@ -98,6 +102,21 @@ def budget_dict(db, entry: dict) -> dict:
     return budget
 
 
+def _category_rows(rows: list, mean_step_ms: float) -> list:
+    """Category rows as the budget gives them: with exclusive and overlapped time and the share of the step where
+    the entry recorded them (NULL in entries added before they were stored: then op time only)."""
+    out = []
+    for r in rows:
+        c = _drop_device(r)
+        if c.get("exclusive_ms_per_step") is None or c.get("overlapped_ms_per_step") is None:
+            c.pop("exclusive_ms_per_step", None)
+            c.pop("overlapped_ms_per_step", None)
+        else:
+            c["share"] = c["exclusive_ms_per_step"] / mean_step_ms if mean_step_ms else 0.0
+        out.append(c)
+    return out
+
+
 def _drop_device(row: dict) -> dict:
     return {k: v for k, v in row.items() if k != "device"}
 
@@ -118,9 +137,16 @@ def entry_side(db, entry: dict) -> Side:
     per_step = _frame(db, "SELECT device, step, start_ns, end_ns, span_ns, busy_ns, op_ns, kernel_count FROM steps "
                           "WHERE entry_id = ? ORDER BY device, step", eid,
                       ["device", "step", "start_ns", "end_ns", "span_ns", "busy_ns", "op_ns", "kernels"])
-    per_step_category = _frame(db, "SELECT device, step, category, duration_ns, count FROM step_categories "
+    exclusive = has_columns(db, "step_categories", ("exclusive_ns",))
+    per_step_category = _frame(db, "SELECT device, step, category, duration_ns, count"
+                                   f"{', exclusive_ns' if exclusive else ''} FROM step_categories "
                                    "WHERE entry_id = ? ORDER BY device, step, category", eid,
-                               ["device", "step", "category", "ns", "count"])
+                               ["device", "step", "category", "ns", "count"] + (["exclusive_ns"] if exclusive else []))
+    if per_step_category is not None and "exclusive_ns" in per_step_category:
+        if per_step_category["exclusive_ns"].isna().any():  # an entry added before exclusive time was stored
+            per_step_category = per_step_category.drop(columns="exclusive_ns")
+        else:
+            per_step_category["exclusive_ns"] = per_step_category["exclusive_ns"].astype("int64")
     per_step_comm = _frame(db, "SELECT device, step, category, collective_ns, wait_ns FROM step_comm "
                                "WHERE entry_id = ? ORDER BY device, step, category", eid,
                            ["device", "step", "category", "collective_ns", "wait_ns"])

@@ -18,7 +18,8 @@ from profattr import __version__
 from profattr.attribute.budget import SCHEMA as BUDGET_SCHEMA
 from profattr.attribute.budget import Budget, compute_budget
 from profattr.errors import ProfattrError
-from profattr.ledger.schema import TABLES, check_schema, create_ledger, create_tables, open_ledger, transaction
+from profattr.ledger.schema import (TABLES, add_new_columns, check_schema, create_ledger, create_tables, open_ledger,
+                                   transaction)
 from profattr.taxonomy.classify import RULES_DIR, load_rules
 from profattr.trace.reader import run_json_path
 
@@ -162,6 +163,7 @@ def _write(db, ledger_path: Path, pending: list, results: list, steps: str, rule
         if "meta" not in db.table_names():
             create_tables(db, now, __version__)
         check_schema(db, ledger_path)
+        add_new_columns(db)
         for item in pending:
             if _existing(db, item.sha256, steps, taxonomy) is not None:  # added meanwhile by another process
                 raise ProfattrError(f"{item.given}: added to {ledger_path} by another process meanwhile; run the "
@@ -286,7 +288,9 @@ def budget_rows(entry_id: int, b: Budget) -> dict:
                                                            "kernels_per_step", "memops_per_step",
                                                            "unclassified_share")}})
         out["categories"] += [{**key, "position": i, "category": c["category"],
-                               "ms_per_step": float(c["ms_per_step"]), "count_per_step": float(c["count_per_step"])}
+                               "ms_per_step": float(c["ms_per_step"]), "count_per_step": float(c["count_per_step"]),
+                               "exclusive_ms_per_step": float(c["exclusive_ms_per_step"]),
+                               "overlapped_ms_per_step": float(c["overlapped_ms_per_step"])}
                               for i, c in enumerate(d["categories"])]
         out["kernels"] += [{**key, "position": i, "name": k["name"], "demangled": k["demangled"],
                             "category": k["category"], "family": k["family"], "ms_per_step": float(k["ms_per_step"]),
@@ -303,7 +307,8 @@ def budget_rows(entry_id: int, b: Budget) -> dict:
                                                       "op_ns": "op_ns", "kernels": "kernel_count"})
     out["step_categories"] = _frame_rows(entry_id, b.per_step_category, {"device": "device", "step": "step",
                                                                          "category": "category", "ns": "duration_ns",
-                                                                         "count": "count"})
+                                                                         "count": "count",
+                                                                         "exclusive_ns": "exclusive_ns"})
     out["step_comm"] = _frame_rows(entry_id, b.per_step_comm, {"device": "device", "step": "step",
                                                                "category": "category", "collective_ns":
                                                                "collective_ns", "wait_ns": "wait_ns"})

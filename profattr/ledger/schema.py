@@ -56,7 +56,7 @@ TABLES = {
     }, ("entry_id", "device"), [ENTRY], []),
     "categories": ({
         "entry_id": int, "device": int, "position": int, "category": str, "ms_per_step": float,
-        "count_per_step": float,
+        "count_per_step": float, "exclusive_ms_per_step": float, "overlapped_ms_per_step": float,
     }, ("entry_id", "device", "category"), [ENTRY], [(("category",), False)]),
     "kernels": ({
         "entry_id": int, "device": int, "position": int, "name": str, "demangled": str, "category": str,
@@ -78,11 +78,32 @@ TABLES = {
     }, ("entry_id", "device", "step"), [ENTRY], []),
     "step_categories": ({
         "entry_id": int, "device": int, "step": int, "category": str, "duration_ns": int, "count": int,
+        "exclusive_ns": int,
     }, ("entry_id", "device", "step", "category"), [ENTRY], []),
     "step_comm": ({
         "entry_id": int, "device": int, "step": int, "category": str, "collective_ns": int, "wait_ns": int,
     }, ("entry_id", "device", "step", "category"), [ENTRY], []),
 }
+
+
+# columns added to a table after ledgers had been made without them: NULL in their older rows, added to an older
+# ledger's table by its next write (add_new_columns); readers take NULL as "not recorded"
+ADDED_COLUMNS = {"categories": ("exclusive_ms_per_step", "overlapped_ms_per_step"), "step_categories": ("exclusive_ns",)}
+
+
+def add_new_columns(db) -> None:
+    """The ADDED_COLUMNS an older ledger's tables lack (inside the caller's write transaction)."""
+    for table, names in ADDED_COLUMNS.items():
+        have = db[table].columns_dict
+        for name in names:
+            if name not in have:
+                db[table].add_column(name, TABLES[table][0][name])
+
+
+def has_columns(db, table: str, names) -> bool:
+    """Whether the ledger's `table` has all these columns (an older ledger may lack ADDED_COLUMNS)."""
+    have = db[table].columns_dict
+    return all(n in have for n in names)
 
 
 def default_path() -> Path:

@@ -20,6 +20,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Sequence
 
+from profattr.report.budget_view import category_share, exclusive_ms
+
 try:  # Python 3.11+
     import tomllib as _toml
 except ModuleNotFoundError:  # pragma: no cover - 3.9/3.10
@@ -193,7 +195,7 @@ def capture_items(cap: dict) -> list:
                 items.append(_item(cap["label"], d["device"], "idle", d["idle_ms_per_step"], step,
                                    f"idle {_pct(s['idle_share'])} of the step", reason, key="idle"))
         for c in d["categories"]:
-            share = c["ms_per_step"] / step
+            share = category_share(c, d)  # its exclusive time: what the step pays for it, as the budget says
             if share < CATEGORY_MIN_SHARE:
                 continue
             if c["category"] == "unclassified":
@@ -209,7 +211,7 @@ def capture_items(cap: dict) -> list:
                 reason += f"; {tuned}"
             if why:
                 reason += f"; {why}"
-            items.append(_item(cap["label"], d["device"], "category", c["ms_per_step"], step,
+            items.append(_item(cap["label"], d["device"], "category", exclusive_ms(c), step,
                                f"{c['category']} {_pct(share)} of the step", reason, key=c["category"]))
             items[-1]["why"] = why
     return items
@@ -296,7 +298,7 @@ def kernel_idle_sentence(parts: dict, delta: float, a: str, b: str) -> str | Non
 
 
 def split_delta(d: dict) -> dict:
-    """A diff device's step delta as kernel time (categories minus overlap), collective wait (ranks waiting for
+    """A diff device's step delta as kernel time (categories' exclusive time), collective wait (ranks waiting for
     each other inside collectives), idle, and median-vs-mean drift; the four add up to the step delta."""
     out = {"kernel": 0.0, "comm_wait": 0.0, "idle": 0.0, "variability": 0.0}
     for c in d["components"]:

@@ -23,6 +23,29 @@ def layer_name(label) -> str:
     return OUTSIDE_LAYERS if label is None else f"layer {label}"
 
 
+def exclusive_ms(c: dict) -> float:
+    """A category row's exclusive ms per step (a budget from before exclusive time: its op time)."""
+    return c.get("exclusive_ms_per_step", c["ms_per_step"])
+
+
+def overlapped_ms(c: dict) -> float:
+    return c.get("overlapped_ms_per_step", 0.0)
+
+
+def category_share(c: dict, d: dict) -> float:
+    """A category's share of the device's mean step: its exclusive time over the mean step, as the budget computed
+    it (`share`); so the categories' shares and idle's add up to 100 %."""
+    if "share" in c:
+        return c["share"]
+    return exclusive_ms(c) / d["mean_step_ms"] if d["mean_step_ms"] else 0.0
+
+
+def idle_share(d: dict) -> float:
+    if "idle_share" in d:
+        return d["idle_share"]
+    return d["idle_ms_per_step"] / d["mean_step_ms"] if d["mean_step_ms"] else 0.0
+
+
 def _top_categories(layer: dict, n: int = 3) -> str:
     return ", ".join(f"{c['category']} {c['ms_per_step']:.3f}" for c in layer["categories"][:n])
 
@@ -70,12 +93,15 @@ def render_table(budget: dict, top: int = TOP_KERNELS) -> str:
                      f"{d['kernels_per_step']:.1f} kernels/step")
         coverage = 100.0 * (1.0 - d["unclassified_share"])
         lines.append(f"  classified: {coverage:.1f}% of GPU time")
-        lines.append(f"  {'category':<24}{'ms/step':>10}{'count/step':>12}{'share':>8}")
-        total = sum(c["ms_per_step"] for c in d["categories"]) or 1.0
+        lines.append(f"  {'category':<24}{'exclusive':>10}{'share':>8}{'overlapped':>11}{'op ms':>10}"
+                     f"{'count/step':>12}")
         for c in d["categories"]:
-            lines.append(f"  {c['category']:<24}{_fmt_ms(c['ms_per_step']):>10}{c['count_per_step']:>12.2f}"
-                         f"{100.0 * c['ms_per_step'] / total:>7.1f}%")
-        lines.append(f"  {'idle (inside steps)':<24}{_fmt_ms(d['idle_ms_per_step']):>10}")
+            lines.append(f"  {c['category']:<24}{_fmt_ms(exclusive_ms(c)):>10}{100.0 * category_share(c, d):>7.1f}%"
+                         f"{_fmt_ms(overlapped_ms(c)):>11}{_fmt_ms(c['ms_per_step']):>10}{c['count_per_step']:>12.2f}")
+        lines.append(f"  {'idle (inside steps)':<24}{_fmt_ms(d['idle_ms_per_step']):>10}{100.0 * idle_share(d):>7.1f}%")
+        lines.append(f"  {'mean step':<24}{_fmt_ms(d['mean_step_ms']):>10}{100.0:>7.1f}%  (exclusive: busy time "
+                     "shared among the categories running at once; overlapped: the rest of their op time)")
+        total = d["mean_step_ms"] or 1.0
         if d.get("comm"):
             lines.append(f"  {_comm_line(d['comm'])}")
         if d.get("layers") is not None:
@@ -99,6 +125,19 @@ def render_table(budget: dict, top: int = TOP_KERNELS) -> str:
     return "\n".join(lines)
 
 
+def category_table_md(d: dict) -> list:
+    """The markdown table of a device's categories: exclusive ms and share of the mean step (adding up, with idle,
+    to the mean step and 100 %), overlapped ms (run alongside other categories), op time and count."""
+    out = ["| category | exclusive ms/step | share of step | overlapped ms/step | op ms/step | count/step |",
+           "|---|---:|---:|---:|---:|---:|"]
+    for c in d["categories"]:
+        out.append(f"| {md_escape(c['category'])} | {exclusive_ms(c):.3f} | {100.0 * category_share(c, d):.1f}% | "
+                   f"{overlapped_ms(c):.3f} | {c['ms_per_step']:.3f} | {c['count_per_step']:.2f} |")
+    out.append(f"| idle (inside steps) | {d['idle_ms_per_step']:.3f} | {100.0 * idle_share(d):.1f}% | | | |")
+    out.append(f"| **mean step** | **{d['mean_step_ms']:.3f}** | 100.0% | {d['overlap_ms_per_step']:.3f} | | |")
+    return out
+
+
 def _short(name: str, width: int = 90) -> str:
     return name if len(name) <= width else name[: width - 1] + "…"
 
@@ -107,13 +146,15 @@ def render_csv(budget: dict) -> str:
     budget = clean_tree(budget)
     buf = io.StringIO()
     w = csv.writer(buf)
-    w.writerow(["device", "row", "category", "name", "ms_per_step", "count_per_step"])
+    w.writerow(["device", "row", "category", "name", "ms_per_step", "count_per_step", "exclusive_ms_per_step",
+                "overlapped_ms_per_step", "share"])
     for d in budget["devices"]:
         w.writerow([d["device"], "step", "", "", d["step_ms"], ""])
         w.writerow([d["device"], "busy", "", "", d["busy_ms_per_step"], ""])
-        w.writerow([d["device"], "idle", "", "", d["idle_ms_per_step"], ""])
+        w.writerow([d["device"], "idle", "", "", d["idle_ms_per_step"], "", "", "", idle_share(d)])
         for c in d["categories"]:
-            w.writerow([d["device"], "category", c["category"], "", c["ms_per_step"], c["count_per_step"]])
+            w.writerow([d["device"], "category", c["category"], "", c["ms_per_step"], c["count_per_step"],
+                        exclusive_ms(c), overlapped_ms(c), category_share(c, d)])
         for k in d["kernels"]:
             w.writerow([d["device"], "kernel", k["category"], k["demangled"], k["ms_per_step"], k["count_per_step"]])
         for layer in d.get("layers") or []:
@@ -144,15 +185,7 @@ def render_markdown(budget: dict, top: int = TOP_KERNELS) -> str:
         out.append(f"### GPU {d['device']}: {d['step_ms']:.3f} ms/step (median), "
                    f"{d['kernels_per_step']:.1f} kernels/step")
         out.append("")
-        out.append("| category | ms/step | count/step | share of step |")
-        out.append("|---|---:|---:|---:|")
-        for c in d["categories"]:
-            out.append(f"| {md_escape(c['category'])} | {c['ms_per_step']:.3f} | {c['count_per_step']:.2f} | "
-                       f"{100.0 * c['ms_per_step'] / max(d['mean_step_ms'], 1e-12):.1f}% |")
-        out.append(f"| idle (inside steps) | {d['idle_ms_per_step']:.3f} | | "
-                   f"{100.0 * d['idle_ms_per_step'] / max(d['mean_step_ms'], 1e-12):.1f}% |")
-        if d["overlap_ms_per_step"] > 1e-6:
-            out.append(f"| overlap (streams at once, subtracted) | -{d['overlap_ms_per_step']:.3f} | | |")
+        out.extend(category_table_md(d))
         if d.get("comm"):
             out.append("")
             out.append(md_escape(_comm_line(d["comm"])[0].upper() + _comm_line(d["comm"])[1:]) + ".")

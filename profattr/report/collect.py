@@ -14,6 +14,7 @@ from profattr.attribute.diff import BOOTSTRAP_SAMPLES, Side, compute_diff, expan
 from profattr.errors import ProfattrError
 from profattr.report import why_slow
 from profattr.report.bottlenecks import rank_bottlenecks
+from profattr.report.budget_view import exclusive_ms
 from profattr.report.launches import launch_stats
 from profattr.taxonomy.classify import load_rules
 
@@ -321,7 +322,7 @@ def batch_sweep(captures: Sequence[CaptureReport]) -> list:
                          "ms_per_token": step / batch if batch and step else None,
                          "tokens_per_s": 1e3 * batch / step if batch and step else None,
                          "unprofiled_ms_per_step": unprofiled_ms(cap.run),
-                         "categories": {c["category"]: c["ms_per_step"] for c in d["categories"]}})
+                         "categories": {c["category"]: exclusive_ms(c) for c in d["categories"]}})
     return rows
 
 

@@ -38,7 +38,8 @@ def family_note(c: dict) -> str:
     """A category's change in parts: added and removed families, count and duration effects of shared ones."""
     parts = []
     for key, label in (("added_ms", "added"), ("removed_ms", "removed"), ("from_count_ms", "count"),
-                       ("from_duration_ms", "duration"), ("moved_to_comm_wait_ms", "to comm_wait")):
+                       ("from_duration_ms", "duration"), ("moved_to_comm_wait_ms", "to comm_wait"),
+                       ("moved_to_overlap_ms", "contention taken out")):
         v = c.get(key) or 0.0
         if abs(v) >= 5e-4:
             parts.append(f"{label} {v:+.3f}")
@@ -134,8 +135,8 @@ def render_markdown(diff: dict, a_label: str = "A", b_label: str = "B") -> str:
                    f"{d['kernels_per_step']['a']:.1f} → {d['kernels_per_step']['b']:.1f}")
         out.append("")
         out.append(f"| component | {md_escape(a_label)} ms | {md_escape(b_label)} ms | Δ ms | 95% CI | "
-                   "families added / removed | from count | from duration | kernels (only A → only B) |")
-        out.append("|---|---:|---:|---:|---|---:|---:|---:|---|")
+                   "families added / removed | from count | from duration | contention | kernels (only A → only B) |")
+        out.append("|---|---:|---:|---:|---|---:|---:|---:|---:|---|")
         for c in d["components"]:
             if abs(c["delta_ms_per_step"]) < 5e-5 and abs(c["a_ms_per_step"]) < 5e-5:
                 continue
@@ -143,8 +144,9 @@ def render_markdown(diff: dict, a_label: str = "A", b_label: str = "B") -> str:
             fc = f"{c['from_count_ms']:+.3f}" if "from_count_ms" in c else ""
             fd = f"{c['from_duration_ms']:+.3f}" if "from_duration_ms" in c else ""
             ar = (f"{c['added_ms']:+.3f} / {c['removed_ms']:+.3f}" if "added_ms" in c else "")
+            ct = f"{c['contention_ms_per_step']:+.3f}" if "contention_ms_per_step" in c else ""
             out.append(f"| {md_escape(c['component'])} | {c['a_ms_per_step']:.3f} | {c['b_ms_per_step']:.3f} | "
-                       f"{c['delta_ms_per_step']:+.3f} | {ci} | {ar} | {fc} | {fd} | "
+                       f"{c['delta_ms_per_step']:+.3f} | {ci} | {ar} | {fc} | {fd} | {ct} | "
                        f"{md_escape(_kernel_line(c, 48))} |")
         out.append("")
         if d.get("layers"):

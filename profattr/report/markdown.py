@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from profattr import __version__
 from profattr.report import why_slow
-from profattr.report.budget_view import layer_name
+from profattr.report.budget_view import category_share, category_table_md, layer_name
 from profattr.report.campaign import campaign_section
 from profattr.report.escape import md_escape
 from profattr.report.bottlenecks import ranks_diff
@@ -77,7 +77,7 @@ def sweep_section(data) -> list:
            "below compare captures of the same batch size only.", ""]
     out += _table(["capture", "MoE backend"] + (["FP8 GEMM backend"] if fp8 else []) + ["batch", "mean step ms",
                    "GPU ms/token", "tokens/s",
-                   "unprofiled ms/step"] + [f"{md_escape(c)} ms" for c in cats], rows)
+                   "unprofiled ms/step"] + [f"{md_escape(c)} exclusive ms" for c in cats], rows)
     return out + ["", "Unprofiled ms/step: the client's timing of decode without the profiler (run.json), per "
                   "generated token of each sequence.", ""]
 
@@ -93,7 +93,7 @@ def summary_section(data) -> list:
                          f"{d['busy_ms_per_step']:.3f}", f"{d['idle_ms_per_step']:.3f}",
                          _pct(d['idle_ms_per_step'] / d['mean_step_ms']) if d['mean_step_ms'] else "",
                          f"{d['kernels_per_step']:.1f}", md_escape(s.get("mode", "?")),
-                         (f"{md_escape(top['category'])} ({_pct(top['ms_per_step'] / d['mean_step_ms'])})"
+                         (f"{md_escape(top['category'])} ({_pct(category_share(top, d))})"
                           if top and d['mean_step_ms'] else "")])
     out = ["## Summary", ""]
     out += _table(["capture", "steps", "step ms (median)", "mean step ms", "busy ms", "idle ms", "idle share",
@@ -255,21 +255,17 @@ def capture_header(cap) -> list:
 
 def budget_section(data) -> list:
     out = ["## Per-step budget", "",
-           "Kernel time per category, and idle time inside the step (GPU waiting: launch gaps, host work, syncs). "
-           "Category time plus idle, minus overlap (two streams at once), is the mean step.", ""]
+           "Time per category, and idle time inside the step (GPU waiting: launch gaps, host work, syncs). A "
+           "category's exclusive time is its part of the GPU's busy time, each moment shared equally among the "
+           "categories running then; exclusive times plus idle are the mean step, and their shares add up to 100%. "
+           "Overlapped time is the rest of a category's op time: what ran alongside other categories (another "
+           "stream).", ""]
     for cap in data.captures:
         for d in cap.budget["devices"]:
-            step = d["mean_step_ms"] or 1e-12
             out.append(f"### {_devices_label(cap, d)}: {d['step_ms']:.3f} ms/step (median of {d['steps']} steps; "
                        f"mean {d['mean_step_ms']:.3f})")
             out.append("")
-            rows = [[md_escape(c["category"]), f"{c['ms_per_step']:.3f}", f"{c['count_per_step']:.2f}",
-                     _pct(c["ms_per_step"] / step)] for c in d["categories"]]
-            rows.append(["idle (inside steps)", f"{d['idle_ms_per_step']:.3f}", "", _pct(d["idle_ms_per_step"] / step)])
-            if d["overlap_ms_per_step"] > 5e-4:
-                rows.append(["overlap (subtracted)", f"-{d['overlap_ms_per_step']:.3f}", "", ""])
-            rows.append(["**mean step**", f"**{d['mean_step_ms']:.3f}**", "", "100.0%"])
-            out += _table(["category", "ms/step", "count/step", "share"], rows)
+            out += category_table_md(d)
             notes = [f"classified: {_pct(1.0 - d['unclassified_share'])} of GPU time"]
             outside = d.get("outside_steps") or {}
             if outside.get("ops"):
@@ -319,9 +315,9 @@ def category_chart_section(data) -> list:
         return []
     return ["## Categories per capture", "",
             f"![kernel time per category and idle time, per capture]({name})", "",
-            "Left: ms per step, stacked by category, idle on top, with a black line at the mean step (the stack "
-            "is taller by the overlap: kernels of two streams at once); right: the same as shares of kernel time + "
-            "idle. The largest categories are shown one by one, the rest summed.", ""]
+            "Left: exclusive ms per step, stacked by category, idle on top: the stack is the mean step (marked); "
+            "right: the same as shares of the mean step. The largest categories are shown one by one, the rest "
+            "summed.", ""]
 
 
 # --- lint and gap -----------------------------------------------------------------------------------------------------

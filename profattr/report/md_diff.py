@@ -63,7 +63,9 @@ def diff_explanation(diff: dict, a: str, b: str, a_modes: dict | None = None, b_
         parts = split_delta(d)
         wait = (f", waiting inside collectives {parts['comm_wait']:+.3f} ms"
                 if any(c["component"] == "comm_wait" for c in d["components"]) else "")
-        lines.append(f"{gpu}Kernel time (categories minus overlap) {parts['kernel']:+.3f} ms{wait}, idle "
+        kernel = ("categories minus overlap" if any(c["component"] == "overlap" for c in d["components"])
+                  else "categories' exclusive time")
+        lines.append(f"{gpu}Kernel time ({kernel}) {parts['kernel']:+.3f} ms{wait}, idle "
                      f"{parts['idle']:+.3f} ms, median-vs-mean step drift {parts['variability']:+.3f} ms.")
         mode_a, mode_b = (a_modes or {}).get(d["device"]), (b_modes or {}).get(d["device"])
         if mode_a and mode_b and mode_a != mode_b:
@@ -119,4 +121,9 @@ def _component_detail(c: dict, A: str, B: str) -> str:
     only_b = [k["name"] for k in kernels.get("only_b", [])]
     if only_a or only_b:
         text += f"; kernels only in {A}: {_names(only_a)}; only in {B}: {_names(only_b)}"
+    contention = c.get("contention_ms_per_step") or 0.0
+    if abs(contention) >= 5e-4:
+        text += (f"; besides, its overlapped time (run alongside other categories) changed by {contention:+.3f} ms: "
+                 f"contention, which the step does not pay (its op time changed "
+                 f"{c.get('op_delta_ms_per_step', 0.0):+.3f} ms)")
     return text + "."
