@@ -20,6 +20,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Sequence
 
+from profattr.attribute.graph_launch import describe as describe_tracing
 from profattr.report.budget_view import category_share, exclusive_ms
 
 try:  # Python 3.11+
@@ -78,7 +79,7 @@ def idle_reason(s: dict) -> str | None:
         return (f"{replay}, yet {eager_idle:.3f} ms/step of idle precedes the {s['eager_ops_per_step']:.1f} ops "
                 f"launched outside the graph (largest gap {s['largest_gap_us']:.0f} µs/step) and only "
                 f"{graph_idle:.3f} ms falls inside the replay: the GPU waits on host work between replays; overlap "
-                "or shorten it, or move those ops into the graph")
+                "or shorten it, or move those ops into the graph" + _tracing_clause(s))
     before = s.get("idle_before_replay_ms") or 0.0
     if before >= 0.5 * idle:
         return _replay_start_reason(s, replay, before)
@@ -102,10 +103,23 @@ def _replay_start_reason(s: dict, replay: str, before: float) -> str:
              f"first node{call_text})")
     if late >= call_part:
         return text + (": the host is behind the GPU (CPU-bound between replays): shorten the host work of a step "
-                       "(scheduling, metadata, sampling), overlap it with the GPU's work, or run more per step")
+                       "(scheduling, metadata, sampling), overlap it with the GPU's work, or run more per step"
+                       + _tracing_clause(s))
     return text + (": the graph launch holds the GPU back: a launch of many nodes costs host time before its first "
-                   "node runs (it can cost more under nsys's node-level graph tracing than unprofiled); compare "
-                   "with the unprofiled timing, and fewer nodes or fewer launches per step would help")
+                   "node runs; fewer nodes or fewer launches per step would help" + _tracing_clause(s))
+
+
+def _tracing_clause(s: dict) -> str:
+    """Whether the wait before replays holds without per-node graph tracing (a graph-level twin says so), or that
+    nothing checked it."""
+    info = s.get("graph_tracing") or {}
+    if info.get("tracing") != "node":
+        return ""
+    cost = info.get("cost")
+    if not cost:
+        return ("; measured under per-node graph tracing, which lengthens every cudaGraphLaunch, and not checked "
+                "against a twin without it (`profattr capture --cuda-graph-trace graph`, then `report --graph-twin`)")
+    return "; " + describe_tracing(cost)
 
 
 def category_reason(device: dict, category: str, gap_device: dict | None = None) -> str:

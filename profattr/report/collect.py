@@ -218,12 +218,13 @@ def collect_report(paths: Sequence, labels: Optional[Sequence[str]] = None, step
                    rules: Sequence = (), hardware: Optional[str] = None, samples: int = BOOTSTRAP_SAMPLES,
                    changed: Optional[str] = None, force_export: bool = False,
                    mappings: Optional[dict] = None, skip_steps=None, drills: Sequence = (),
-                   layers: bool = False) -> ReportData:
+                   layers: bool = False, graph_twins: Optional[dict] = None) -> ReportData:
     """Budgets, launch stats, lint findings and gaps of every capture; diffs of each against the first; the ranked
     bottlenecks; the taxonomy evidence. Captures are .sqlite exports or .nsys-rep reports; `mappings` gives a
     capture (as passed) an eager twin that lends NVTX context to its replayed graph kernels; `drills` names ncu
     drill CSVs (paths, or (capture as passed, path)) beyond those found beside the captures; `layers` breaks every
-    capture down by model layer (captures with a mapping always are)."""
+    capture down by model layer (captures with a mapping always are); `graph_twins` gives a capture (as passed) a
+    twin traced at graph level (--cuda-graph-trace graph), against which its graph launches' cost is set."""
     if labels is not None and len(labels) != len(paths):
         raise ProfattrError(f"--labels gives {len(labels)} label(s) for {len(paths)} capture(s); give one per capture")
     captures = []
@@ -239,6 +240,7 @@ def collect_report(paths: Sequence, labels: Optional[Sequence[str]] = None, step
         budget = compute_budget(path, steps=steps, rules=rules, force=force_export, keep_attribution=True,
                                 skip_steps=skip_steps, mapping=mapping, by=by)
         launches = launch_stats(budget)
+        _add_graph_tracing(launches, Path(budget.path), (graph_twins or {}).get(given))
         budget.attribution = None  # the arrays are no longer needed; the diff needs only the per-step tables
         data = budget.to_dict()
         checks, checks_source, checks_note = lint_findings(Path(budget.path), run)
@@ -283,6 +285,25 @@ def collect_report(paths: Sequence, labels: Optional[Sequence[str]] = None, step
     return ReportData(captures=captures, diffs=diffs, bottlenecks=bottlenecks,
                       evidence=evidence_summary(captures, rules), hardware=hardware, drills=drill_entries,
                       sweep=batch_sweep(captures))
+
+
+def _add_graph_tracing(launches: list, export: Path, twin: Optional[str]) -> None:
+    """Each device's launch stats gain `graph_tracing`: how the capture traced its graph replays and, with a
+    graph-level twin, what per-node tracing cost (attribute/graph_launch.py)."""
+    from profattr.attribute.graph_launch import costs_of, tracing_cost
+
+    mine = costs_of(export)
+    if mine is None:
+        return
+    info = {"tracing": mine["tracing"], "launch": mine, "twin": twin, "cost": None}
+    if twin is not None:
+        theirs = costs_of(Path(twin))
+        if theirs is None or theirs["tracing"] != "graph":
+            raise ProfattrError(f"--graph-twin {twin}: not a capture whose graph launches were traced at graph level "
+                                "(record it with `profattr capture --cuda-graph-trace graph`)")
+        info["cost"] = tracing_cost(mine, theirs)
+    for s in launches:
+        s["graph_tracing"] = info
 
 
 def batch_of(cap: CaptureReport) -> Optional[int]:
