@@ -360,15 +360,16 @@ def summarize(export, att: Attribution) -> Budget:
     totals.add(att.ops, att.step, att.combo, None, None, categories=att.combos["category"].to_numpy())
     tables = totals.finish(np.arange(len(att.combos)), att.combos)
     budget = assemble(export, att.steps, att.context_method, att.combos, *tables,
-                      att.placement() if att.status is not None else None)
+                      att.placement() if att.status is not None else None, short_kernels=totals.short)
     add_comm(budget, att)
     return budget
 
 
 def assemble(export, steps: Steps, context_method: str, combos_frame: pd.DataFrame, per_step: pd.DataFrame,
              per_step_category: pd.DataFrame, per_combo: pd.DataFrame, outside: dict,
-             nvtx_placement: dict | None) -> Budget:
-    """The Budget from the totals (accumulate.StepTotals.finish) of its steps."""
+             nvtx_placement: dict | None, short_kernels: dict | None = None) -> Budget:
+    """The Budget from the totals (accumulate.StepTotals.finish) of its steps; `short_kernels`: per device, (ns,
+    count) of the kernels under accumulate.SHORT_KERNEL_NS (StepTotals.short)."""
     devices = []
     for device in sorted(set(per_step["device"].tolist())):
         d_steps = per_step[per_step["device"] == device]
@@ -383,6 +384,7 @@ def assemble(export, steps: Steps, context_method: str, combos_frame: pd.DataFra
         mean_span = float(d_steps["span_ns"].mean()) / NS_PER_MS
         mean_busy = float(d_steps["busy_ns"].mean()) / NS_PER_MS
         kernel_only = kernels[~kernels["category"].str.startswith("memory.")]
+        shapes = kernel_shapes(combos, n, total_op_ns)
         devices.append({
             "device": int(device),
             "steps": n,
@@ -396,8 +398,11 @@ def assemble(export, steps: Steps, context_method: str, combos_frame: pd.DataFra
             "categories": [{"category": r.category, "ms_per_step": r.ns / n / NS_PER_MS,
                             "count_per_step": r.count / n} for r in cats.itertuples()],
             "kernels": [{"name": r.name, "demangled": r.demangled, "category": r.category, "family": r.family,
-                         "ms_per_step": r.ns / n / NS_PER_MS, "count_per_step": r.count / n}
+                         "ms_per_step": r.ns / n / NS_PER_MS, "count_per_step": r.count / n,
+                         "mean_us": r.ns / r.count / 1e3 if r.count else 0.0,
+                         "shapes": shapes.get((r.name, r.demangled, r.category, r.family), [])}
                         for r in kernels.itertuples()],
+            "short_kernels": short_kernel_stats((short_kernels or {}).get(int(device), (0, 0)), n, total_op_ns),
             "unclassified_share": uncl_ns / total_op_ns if total_op_ns else 0.0,
             "outside_steps": {"ops": int(outside.get(int(device), (0, 0))[1]),
                               "ms": float(outside.get(int(device), (0, 0))[0]) / NS_PER_MS},
@@ -408,6 +413,38 @@ def assemble(export, steps: Steps, context_method: str, combos_frame: pd.DataFra
                   format=export.format, tool_version=export.tool_version, steps_excluded=dict(steps.excluded),
                   per_step_category=per_step_category, context_method=context_method,
                   nvtx_placement=nvtx_placement)
+
+
+def kernel_shapes(combos: pd.DataFrame, n_steps: int, total_op_ns: float) -> dict:
+    """(name, demangled, category, family) -> its launch shapes (trace/ops.py), longest first: each shape's grid,
+    block, registers per thread, label, launches and ms per step, mean duration and share of the GPU's op time.
+    Memory ops have none."""
+    from profattr.trace.ops import shape_label, unpack_shape
+
+    keys = ["name", "demangled", "category", "family"]
+    kernels = combos[~combos["category"].str.startswith("memory.")]
+    if not len(kernels):
+        return {}
+    by_shape = (kernels.groupby(keys + ["grid", "block"], sort=False)[["ns", "count"]].sum().reset_index()
+                .sort_values(["ns", "grid", "block"], ascending=[False, True, True]))
+    out: dict = {}
+    for r in by_shape.itertuples():
+        shape = unpack_shape(r.grid, r.block)
+        out.setdefault((r.name, r.demangled, r.category, r.family), []).append({
+            "shape": shape, "label": shape_label(shape), "ms_per_step": r.ns / n_steps / NS_PER_MS,
+            "count_per_step": r.count / n_steps, "mean_us": r.ns / r.count / 1e3 if r.count else 0.0,
+            "share": r.ns / total_op_ns if total_op_ns else 0.0})
+    return out
+
+
+def short_kernel_stats(ns_count, n_steps: int, total_op_ns: float) -> dict:
+    """Kernels shorter than accumulate.SHORT_KERNEL_NS: launches and ms per step, share of the GPU's op time."""
+    from profattr.attribute.accumulate import SHORT_KERNEL_NS
+
+    ns, count = ns_count
+    return {"under_us": SHORT_KERNEL_NS / 1e3, "count_per_step": count / n_steps if n_steps else 0.0,
+            "ms_per_step": ns / n_steps / NS_PER_MS if n_steps else 0.0,
+            "share": ns / total_op_ns if total_op_ns else 0.0}
 
 
 def _steps_per_device(budget: Budget) -> dict:

@@ -62,7 +62,7 @@ def _pass(source, store, steps, ranges, patterns, combos: Combos, remap=None, as
     final, frame = combos.finish()
     per_step, per_step_category, per_combo, outside = totals.finish(final, frame)
     budget = B.assemble(source, steps, counts.method(ranges), frame, per_step, per_step_category, per_combo,
-                        outside, B.placement_dict(totals.status))
+                        outside, B.placement_dict(totals.status), short_kernels=totals.short)
     category_of_reg = np.array([combos.category_of(i) for i in range(len(combos.rows))], dtype=object)
     comm = totals.comm_ops(category_of_reg)
     if comm is not None:
