@@ -1,0 +1,272 @@
+"""Kernel rows per launch shape (name, grid, block, registers per thread), checked against the real GLM-5 captures.
+
+Expected numbers come from SQL written here against the exports (the kernels' launch calls inside the decode spans,
+as tests/independent.py assigns them), from the raw Nsight Compute CSVs read with the csv module, and from the
+torch-profiler trace read with json: never from profattr's own output.
+"""
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+import statistics
+from collections import Counter, defaultdict
+
+import numpy as np
+import pytest
+
+from conftest import EXAMPLES
+from independent import MEMOPS, NVTX_LIKE_STEPS_CTE, OPS_CTE, sql
+from profattr.attribute.budget import compute_budget
+from profattr.report.shapes import shape_rows
+from profattr.report.why_slow import analyse_csv
+from profattr.trace.kineto import KinetoTrace
+from profattr.trace.ops import KIND_KERNEL, pack_block, pack_grid, shape_label, unpack_shape
+
+DECODE = "step[DECODE bs=%]"
+# the glm captures whose per-shape rows are checked: batch 1 (committed export) and batch 4 (exported here)
+SHAPE_CAPTURES = ["glm5/glm-triton-bs1-r1", "glm5/glm-triton-bs4-r1", "glm5/glm-cutlass-bs1-r1"]
+
+# every kernel whose launch call (on the same thread) lies inside a decode span, with its launch shape
+KERNELS_IN_STEPS = "WITH " + NVTX_LIKE_STEPS_CTE + """,
+kernels AS (
+  SELECT k.start AS s, k."end" AS e, k.deviceId AS dev, sn.value AS name, k.gridX AS gx, k.gridY AS gy,
+         k.gridZ AS gz, k.blockX AS bx, k.blockY AS by, k.blockZ AS bz, k.registersPerThread AS regs,
+         r.globalTid AS tid, r.start AS api
+  FROM CUPTI_ACTIVITY_KIND_KERNEL k
+  JOIN StringIds sn ON sn.id = k.shortName
+  JOIN CUPTI_ACTIVITY_KIND_RUNTIME r
+    ON r.correlationId = k.correlationId AND (r.globalTid & -16777216) = k.globalPid
+),
+assigned AS (
+  SELECT kernels.*, steps.step FROM kernels JOIN steps
+    ON steps.stid = kernels.tid AND kernels.api BETWEEN steps.ss AND steps.se
+)
+"""
+
+
+def _shape(gx, gy, gz, bx, by, bz, regs) -> tuple:
+    return ((gx, gy, gz), (bx, by, bz), regs)
+
+
+def _budget_shapes(device: dict) -> dict:
+    """(short name, grid, block, registers) -> [ms_per_step, count_per_step] summed over the budget's shape rows
+    (a short name can have several demangled names)."""
+    out: dict = defaultdict(lambda: [0.0, 0.0])
+    for r in shape_rows(device):
+        if r["shape"] is None:
+            continue
+        s = r["shape"]
+        key = (r["name"], tuple(s["grid"]), tuple(s["block"]), s["registers_per_thread"])
+        out[key][0] += r["ms_per_step"]
+        out[key][1] += r["count_per_step"]
+    return dict(out)
+
+
+@pytest.fixture(scope="module")
+def budgets(export_example):
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            path = export_example(name)
+            cache[name] = (path, compute_budget(path).to_dict())
+        return cache[name]
+
+    return get
+
+
+@pytest.mark.parametrize("name", SHAPE_CAPTURES)
+def test_per_shape_launches_and_time_match_sql_group_by(name, budgets):
+    path, budget = budgets(name)
+    rows = sql(path, KERNELS_IN_STEPS + """
+        SELECT dev, name, gx, gy, gz, bx, by, bz, regs, sum(e - s), count(*) FROM assigned
+        GROUP BY dev, name, gx, gy, gz, bx, by, bz, regs""", {"pattern": DECODE})
+    steps = dict(sql(path, KERNELS_IN_STEPS + "SELECT dev, count(DISTINCT step) FROM assigned GROUP BY dev",
+                     {"pattern": DECODE}))
+    want: dict = defaultdict(dict)
+    for dev, kname, gx, gy, gz, bx, by, bz, regs, ns, count in rows:
+        want[dev][(kname, (gx, gy, gz), (bx, by, bz), regs)] = (ns / steps[dev] / 1e6, count / steps[dev])
+    assert {d["device"] for d in budget["devices"]} == set(want)
+    for d in budget["devices"]:
+        assert d["steps"] == steps[d["device"]]
+        got = _budget_shapes(d)
+        assert set(got) == set(want[d["device"]])
+        for key, (ms, count) in want[d["device"]].items():
+            assert got[key][0] == pytest.approx(ms, rel=1e-9), key
+            assert got[key][1] == pytest.approx(count, rel=1e-9), key
+        # the per-name rows are the sums of their shapes (what diff and the ledger read)
+        for k in d["kernels"]:
+            if k["shapes"]:
+                assert sum(s["ms_per_step"] for s in k["shapes"]) == pytest.approx(k["ms_per_step"], rel=1e-9)
+                assert sum(s["count_per_step"] for s in k["shapes"]) == pytest.approx(k["count_per_step"],
+                                                                                      rel=1e-9)
+
+
+@pytest.mark.parametrize("name", SHAPE_CAPTURES)
+def test_lm_head_launch_is_its_own_shape_row(name, budgets):
+    """The longest nvjet launch of each step (SGLang's logits projection) has a shape no other launch in the steps
+    has: its row holds exactly one launch per step, and its mean duration is that of those launches."""
+    path, budget = budgets(name)
+    longest = sql(path, KERNELS_IN_STEPS + """
+        SELECT dev, name, gx, gy, gz, bx, by, bz, regs, e - s FROM (
+          SELECT *, row_number() OVER (PARTITION BY dev, step ORDER BY e - s DESC) AS rn
+          FROM assigned WHERE name LIKE 'nvjet%') WHERE rn = 1""", {"pattern": DECODE})
+    by_dev = defaultdict(list)
+    for dev, kname, gx, gy, gz, bx, by, bz, regs, dur in longest:
+        by_dev[dev].append(((kname, (gx, gy, gz), (bx, by, bz), regs), dur))
+    for d in budget["devices"]:
+        picks = by_dev[d["device"]]
+        assert len(picks) == d["steps"]
+        keys = {k for k, _ in picks}
+        assert len(keys) == 1  # one launch shape in every step
+        key = keys.pop()
+        kname, grid, block, regs = key
+        rows = [r for r in shape_rows(d) if r["name"] == kname and r["shape"]
+                and (tuple(r["shape"]["grid"]), tuple(r["shape"]["block"]), r["shape"]["registers_per_thread"])
+                == (grid, block, regs)]
+        assert len(rows) == 1
+        row = rows[0]
+        assert row["count_per_step"] == pytest.approx(1.0, rel=1e-12)
+        assert row["mean_us"] == pytest.approx(statistics.fmean(dur for _, dur in picks) / 1e3, rel=1e-9)
+        assert row["label"] == f"grid {grid[0]}x{grid[1]}x{grid[2]} block {block[0]} regs {regs}"
+        # the same name runs other, short shapes: the per-name mean hides the lm_head
+        name_row = next(k for k in d["kernels"] if k["name"] == kname)
+        assert len(name_row["shapes"]) >= 2
+        assert row["mean_us"] > 10 * min(s["mean_us"] for s in name_row["shapes"])
+
+
+@pytest.mark.parametrize("name", SHAPE_CAPTURES)
+def test_short_kernel_statistics_match_sql(name, budgets, export_example):
+    path, budget = budgets(name)
+    short = dict((dev, (ns or 0, n)) for dev, ns, n in sql(path, KERNELS_IN_STEPS + """
+        SELECT dev, sum(CASE WHEN e - s < 5000 THEN e - s END), sum(e - s < 5000) FROM assigned GROUP BY dev""",
+                                                         {"pattern": DECODE}))
+    tables = {r[0] for r in sql(path, "SELECT name FROM sqlite_master WHERE type='table'")}
+    memops = "".join(q for t, q in MEMOPS.items() if t in tables)
+    total = dict(sql(path, "WITH " + OPS_CTE.format(memops=memops) + "," + NVTX_LIKE_STEPS_CTE + """
+        SELECT dev, sum(e - s) FROM ops JOIN steps ON steps.stid = ops.tid AND ops.api BETWEEN steps.ss AND steps.se
+        GROUP BY dev""", {"pattern": DECODE}))
+    for d in budget["devices"]:
+        ns, n = short[d["device"]]
+        s = d["short_kernels"]
+        assert s["under_us"] == 5.0
+        assert n > 0
+        assert s["count_per_step"] == pytest.approx(n / d["steps"], rel=1e-12)
+        assert s["ms_per_step"] == pytest.approx(ns / d["steps"] / 1e6, rel=1e-9)
+        assert s["share"] == pytest.approx(ns / total[d["device"]], rel=1e-9)
+
+
+def test_triton_fp8_gemm_runs_several_shapes_slower_per_launch_at_batch_1(budgets):
+    """_w8a8_block_fp8_matmul: one name, several grids; the same grid at batch 4 and batch 1 are separate rows, and
+    each is what SQL says for that grid."""
+    for name in ("glm5/glm-triton-bs1-r1", "glm5/glm-triton-bs4-r1"):
+        path, budget = budgets(name)
+        d = budget["devices"][0]
+        k = next(k for k in d["kernels"] if k["name"] == "_w8a8_block_fp8_matmul")
+        grids = {tuple(s["shape"]["grid"]) for s in k["shapes"]}
+        assert len(grids) >= 4
+        rows = sql(path, KERNELS_IN_STEPS + """
+            SELECT gx, gy, gz, bx, by, bz, regs, avg(e - s) FROM assigned WHERE name = '_w8a8_block_fp8_matmul'
+            GROUP BY gx, gy, gz, bx, by, bz, regs""", {"pattern": DECODE})
+        got = {(tuple(s["shape"]["grid"]), tuple(s["shape"]["block"]), s["shape"]["registers_per_thread"]):
+               s["mean_us"] for s in k["shapes"]}
+        assert got == pytest.approx({_shape(*r[:7]): r[7] / 1e3 for r in rows}, rel=1e-9)
+
+
+# --- Nsight Compute drills -----------------------------------------------------------------------------------------
+
+DRILLS = sorted(p.name for p in (EXAMPLES / "glm5").glob("glm-drill-*.ncu.csv"))
+TIME_UNITS = {"ns": 1.0, "nsecond": 1.0, "us": 1e3, "usecond": 1e3, "ms": 1e6, "msecond": 1e6}
+
+
+def _raw_families(path) -> dict:
+    """(kernel name, grid, block, registers) -> durations (ns) of its launches, straight from the raw CSV."""
+    with open(path, newline="") as fh:
+        rows = list(csv.reader(fh))
+    header, units, data = rows[0], rows[1], rows[2:]
+    col = {n: i for i, n in enumerate(header)}
+    scale = TIME_UNITS[units[col["gpu__time_duration.sum"]].strip().lower()]
+
+    def num(row, name):
+        return float(row[col[name]].replace(",", ""))
+
+    out = defaultdict(list)
+    for r in data:
+        key = (r[col["Kernel Name"]].strip(),
+               tuple(int(num(r, f"launch__grid_dim_{a}")) for a in "xyz"),
+               tuple(int(num(r, f"launch__block_dim_{a}")) for a in "xyz"),
+               int(num(r, "launch__registers_per_thread")))
+        out[key].append(num(r, "gpu__time_duration.sum") * scale)
+    return out
+
+
+@pytest.mark.parametrize("drill", DRILLS)
+def test_ncu_families_are_the_csv_grouped_by_launch_shape(drill):
+    path = EXAMPLES / "glm5" / drill
+    want = _raw_families(path)
+    a = analyse_csv(path).to_dict()
+    got = {(f["name"], tuple(f["grid"]), tuple(f["block"]), f["registers_per_thread"]): f for f in a["families"]}
+    assert set(got) == set(want)
+    for key, durations in want.items():
+        f = got[key]
+        assert f["launches"] == len(durations)
+        assert f["total_duration_ns"] == pytest.approx(sum(durations), rel=1e-9)
+        assert f["duration_ns"]["median"] == pytest.approx(statistics.median(durations), rel=1e-9)
+        grid, block, regs = key[1], key[2], key[3]
+        # the family's verdict sentence names the shape it is about
+        assert f["label"] in f["sentence"] and f["verdict"]["title"] in f["sentence"]
+        assert f["label"].startswith(f"grid {grid[0]}x{grid[1]}x{grid[2]} block ") and f["label"].endswith(
+            f" regs {regs}")
+    # every name with several shapes lists one line per shape
+    for n in a["names"]:
+        shapes = [k for k in want if k[0] == n["name"]]
+        assert len(n["shapes"]) == len(shapes)
+
+
+def test_triton_drill_shows_each_gemm_shape_with_its_bandwidth():
+    """The Triton FP8 GEMM drill: one family per grid, each with its own duration and DRAM bandwidth, so the grids
+    that fill few SMs stand apart from the one that fills most of them."""
+    path = EXAMPLES / "glm5" / "glm-drill-triton.ncu.csv"
+    a = analyse_csv(path).to_dict()
+    fams = [f for f in a["families"] if f["short_name"] == "_w8a8_block_fp8_matmul"]
+    raw = {k: v for k, v in _raw_families(path).items() if k[0] == "_w8a8_block_fp8_matmul"}
+    assert len(fams) == len(raw) >= 4
+    verdicts = {tuple(f["grid"]): f["verdict"]["kind"] for f in fams}
+    assert len(set(verdicts.values())) >= 2  # not one verdict for the whole name
+    for f in fams:
+        assert f"{f['dram_bytes_per_s']['median'] / 1e12:.2f} TB/s" in f["sentence"]
+
+
+# --- torch-profiler traces -----------------------------------------------------------------------------------------
+
+def test_torch_trace_kernels_carry_their_launch_shape():
+    path = EXAMPLES / "glm5" / "glm-triton-torch-r1-TP-0.trace.json.gz"
+    with gzip.open(path, "rt") as fh:
+        events = json.load(fh)["traceEvents"]
+    want = Counter()
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") == "kernel":
+            a = e["args"]
+            want[(e["name"], tuple(a["grid"]), tuple(a["block"]), a["registers per thread"])] += 1
+    trace = KinetoTrace(path)
+    ops = trace.ops()
+    kern = ops.kind == KIND_KERNEL
+    names = trace.strings(np.unique(ops.demangled_id[kern]))
+    got = Counter()
+    for dem, g, b in zip(ops.demangled_id[kern], ops.grid[kern], ops.block[kern]):
+        s = unpack_shape(g, b)
+        got[(names[int(dem)], tuple(s["grid"]), tuple(s["block"]), s["registers_per_thread"])] += 1
+    assert got == want
+
+
+# --- edge cases ----------------------------------------------------------------------------------------------------
+
+def test_shapes_that_do_not_fit_their_bits_are_unknown_not_wrapped():
+    grid = pack_grid([2, 1 << 31, 3, 7], [66, 1, 1 << 16, 1], [1, 1, 1, -1])
+    block = pack_block([384, 1 << 15, 128, 32], [1, 1, 1, 1], [1, 1, 1, 1], [168, 32, 255, -1])
+    assert grid.tolist()[1:] == [-1, -1, -1] and block.tolist()[1] == -1 and block.tolist()[3] == -1
+    assert unpack_shape(grid[0], block[0]) == {"grid": [2, 66, 1], "block": [384, 1, 1], "registers_per_thread": 168}
+    assert unpack_shape(grid[1], block[0]) is None
+    assert shape_label(None) == "shape not recorded"
+    assert shape_label(unpack_shape(pack_grid(8, 4, 1), pack_block(128, 2, 1, 40))) == "grid 8x4x1 block 128x2 regs 40"
