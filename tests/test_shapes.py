@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import gzip
 import json
+import sqlite3
 import statistics
 from collections import Counter, defaultdict
 
@@ -270,3 +271,35 @@ def test_shapes_that_do_not_fit_their_bits_are_unknown_not_wrapped():
     assert unpack_shape(grid[1], block[0]) is None
     assert shape_label(None) == "shape not recorded"
     assert shape_label(unpack_shape(pack_grid(8, 4, 1), pack_block(128, 2, 1, 40))) == "grid 8x4x1 block 128x2 regs 40"
+
+
+# --- the ledger ----------------------------------------------------------------------------------------------------
+
+def test_a_ledger_made_before_shapes_gets_their_tables_on_its_next_add(tmp_path):
+    from click.testing import CliRunner
+
+    from profattr.cli import cli
+
+    def ok(*args):
+        result = CliRunner().invoke(cli, [str(a) for a in args])
+        assert result.exit_code == 0, result.output
+        return result.stdout
+
+    first, second = EXAMPLES / "glm5" / "glm-triton-bs1-r1.sqlite", EXAMPLES / "glm5" / "glm-cutlass-bs1-r1.sqlite"
+    db = tmp_path / "ledger.db"
+    ok("ledger", "add", first, "--ledger", db)
+    conn = sqlite3.connect(db)
+    conn.execute("DROP TABLE kernel_shapes")
+    conn.execute("DROP TABLE short_kernels")
+    conn.commit()
+    conn.close()
+    old = json.loads(ok("ledger", "show", "1", "--ledger", db, "--format", "json"))["budget"]
+    assert all(k["shapes"] == [] for d in old["devices"] for k in d["kernels"])  # nothing recorded, nothing made up
+    assert all("short_kernels" not in d for d in old["devices"])
+    ok("ledger", "add", second, "--ledger", db)
+    new = json.loads(ok("ledger", "show", "2", "--ledger", db, "--format", "json"))["budget"]
+    want = compute_budget(second).to_dict()
+    for got, d in zip(new["devices"], want["devices"]):
+        assert [[s["label"] for s in k["shapes"]] for k in got["kernels"]] == [
+            [s["label"] for s in k["shapes"]] for k in d["kernels"]]
+        assert got["short_kernels"] == pytest.approx(d["short_kernels"], rel=1e-12)

@@ -63,6 +63,9 @@ def budget_dict(db, entry: dict) -> dict:
                                "WHERE entry_id = ? ORDER BY device, position", [eid]))
     kernels = _by_device(db.query("SELECT device, name, demangled, category, family, ms_per_step, count_per_step "
                                   "FROM kernels WHERE entry_id = ? ORDER BY device, position", [eid]))
+    shapes = _shapes_by_kernel(db, eid)
+    short = ({r["device"]: r for r in db.query("SELECT * FROM short_kernels WHERE entry_id = ?", [eid])}
+             if "short_kernels" in db.table_names() else {})
     comm = {r["device"]: r for r in db.query("SELECT * FROM comm WHERE entry_id = ?", [eid])}
     comm_cats = _by_device(db.query("SELECT device, category, collective_ms_per_step, wait_ms_per_step "
                                     "FROM comm_categories WHERE entry_id = ? ORDER BY device, position", [eid]))
@@ -72,8 +75,12 @@ def budget_dict(db, entry: dict) -> dict:
         out = {k: d[k] for k in ("device", "steps", "step_ms", "mean_step_ms", "busy_ms_per_step", "idle_ms_per_step",
                                  "overlap_ms_per_step", "kernels_per_step", "memops_per_step")}
         out["categories"] = [_drop_device(c) for c in cats.get(dev, [])]
-        out["kernels"] = [_drop_device(k) for k in kernels.get(dev, [])]
+        out["kernels"] = [{**_drop_device(k), "mean_us": 1e3 * k["ms_per_step"] / k["count_per_step"]
+                           if k["count_per_step"] else 0.0, "shapes": shapes.get((dev, i), [])}
+                          for i, k in enumerate(kernels.get(dev, []))]
         out["unclassified_share"] = d["unclassified_share"]
+        if dev in short:
+            out["short_kernels"] = {k: short[dev][k] for k in ("under_us", "count_per_step", "ms_per_step", "share")}
         out["outside_steps"] = {"ops": d["outside_steps_ops"], "ms": d["outside_steps_ms"]}
         if dev in comm:
             out["comm"] = {k: comm[dev][k] for k in TABLES["comm"][0] if k not in ("entry_id", "device")}
@@ -96,6 +103,22 @@ def budget_dict(db, entry: dict) -> dict:
     if entry["comm_summary"] is not None:
         budget["comm"] = _loads(entry["comm_summary"])
     return budget
+
+
+def _shapes_by_kernel(db, eid: int) -> dict:
+    """(device, kernel position) -> its shapes as the budget lists them (none in ledgers made before shapes)."""
+    if "kernel_shapes" not in db.table_names():
+        return {}
+    out: dict = {}
+    for r in db.query("SELECT * FROM kernel_shapes WHERE entry_id = ? ORDER BY device, kernel_position, position",
+                      [eid]):
+        shape = None if r["grid_x"] is None else {
+            "grid": [r["grid_x"], r["grid_y"], r["grid_z"]], "block": [r["block_x"], r["block_y"], r["block_z"]],
+            "registers_per_thread": r["registers_per_thread"]}
+        out.setdefault((r["device"], r["kernel_position"]), []).append({
+            "shape": shape, "label": r["label"], **{c: r[c] for c in ("ms_per_step", "count_per_step", "mean_us",
+                                                                       "share")}})
+    return out
 
 
 def _drop_device(row: dict) -> dict:
