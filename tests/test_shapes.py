@@ -175,6 +175,35 @@ def test_triton_fp8_gemm_runs_several_shapes_slower_per_launch_at_batch_1(budget
         assert got == pytest.approx({_shape(*r[:7]): r[7] / 1e3 for r in rows}, rel=1e-9)
 
 
+def test_replicates_mean_budget_averages_each_shape(budgets, export_example):
+    """diff's mean budget of two replicate windows: each shape's launches and ms per step are the mean of what SQL
+    gives for it in each window (a shape missing from a window counts 0 there), and so are the short kernels."""
+    from profattr.attribute.diff import group, load_side
+
+    names = ["glm5/glm-triton-bs1-r1", "glm5/glm-triton-bs1-r2"]
+    mean = group([load_side(export_example(n)) for n in names]).budget["devices"][0]
+    want: dict = defaultdict(lambda: [0.0, 0.0])
+    short_ms = 0.0
+    for n in names:
+        path = export_example(n)
+        rows = sql(path, KERNELS_IN_STEPS + """
+            SELECT name, gx, gy, gz, bx, by, bz, regs, sum(e - s), count(*) FROM assigned
+            GROUP BY name, gx, gy, gz, bx, by, bz, regs""", {"pattern": DECODE})
+        steps = sql(path, KERNELS_IN_STEPS + "SELECT count(DISTINCT step) FROM assigned", {"pattern": DECODE})[0][0]
+        for kname, gx, gy, gz, bx, by, bz, regs, ns, count in rows:
+            key = (kname, (gx, gy, gz), (bx, by, bz), regs)
+            want[key][0] += ns / steps / 1e6 / len(names)
+            want[key][1] += count / steps / len(names)
+        short_ns = sql(path, KERNELS_IN_STEPS + "SELECT sum(CASE WHEN e - s < 5000 THEN e - s END) FROM assigned",
+                       {"pattern": DECODE})[0][0]
+        short_ms += short_ns / steps / 1e6 / len(names)
+    got = _budget_shapes(mean)
+    assert set(got) == set(want)
+    for key, (ms, count) in want.items():
+        assert got[key] == pytest.approx([ms, count], rel=1e-9), key
+    assert mean["short_kernels"]["ms_per_step"] == pytest.approx(short_ms, rel=1e-9)
+
+
 # --- Nsight Compute drills -----------------------------------------------------------------------------------------
 
 DRILLS = sorted(p.name for p in (EXAMPLES / "glm5").glob("glm-drill-*.ncu.csv"))

@@ -437,6 +437,33 @@ def kernel_shapes(combos: pd.DataFrame, n_steps: int, total_op_ns: float) -> dic
     return out
 
 
+def mean_shapes(devices: list, kernels: list) -> None:
+    """Replicates' mean of the kernel rows' shapes and of short_kernels (as diff's mean budget takes the mean of the
+    kernel rows): in place, on the mean `kernels` rows and returns the mean short_kernels (None when a replicate
+    lacks it). Each replicate weighs the same; mean_us is the mean time over the mean launches."""
+    n = len(devices)
+    per_kernel: dict = {}
+    for d in devices:
+        for k in d["kernels"]:
+            acc = per_kernel.setdefault((k["name"], k["demangled"], k["category"], k.get("family")), {})
+            for sh in k.get("shapes") or []:
+                row = acc.setdefault(sh["label"], {**sh, "ms_per_step": 0.0, "count_per_step": 0.0, "share": 0.0})
+                for f in ("ms_per_step", "count_per_step", "share"):
+                    row[f] += sh[f] / n
+    for k in kernels:
+        rows = list(per_kernel.get((k["name"], k["demangled"], k["category"], k.get("family")), {}).values())
+        for row in rows:
+            row["mean_us"] = 1e3 * row["ms_per_step"] / row["count_per_step"] if row["count_per_step"] else 0.0
+        k["shapes"] = sorted(rows, key=lambda r: -r["ms_per_step"])
+        if "mean_us" in k:
+            k["mean_us"] = 1e3 * k["ms_per_step"] / k["count_per_step"] if k["count_per_step"] else 0.0
+    if not all(d.get("short_kernels") for d in devices):
+        return None
+    first = devices[0]["short_kernels"]
+    return {"under_us": first["under_us"], **{f: sum(d["short_kernels"][f] for d in devices) / n
+                                              for f in ("count_per_step", "ms_per_step", "share")}}
+
+
 def short_kernel_stats(ns_count, n_steps: int, total_op_ns: float) -> dict:
     """Kernels shorter than accumulate.SHORT_KERNEL_NS: launches and ms per step, share of the GPU's op time."""
     from profattr.attribute.accumulate import SHORT_KERNEL_NS
