@@ -204,6 +204,40 @@ def test_replicates_mean_budget_averages_each_shape(budgets, export_example):
     assert mean["short_kernels"]["ms_per_step"] == pytest.approx(short_ms, rel=1e-9)
 
 
+@pytest.mark.parametrize("name", ["glm5/glm-triton-bs1-r1", "glm5/glm-triton-bs4-r1"])
+def test_lm_head_gets_its_own_efficiency_against_its_weight_bytes(name, budgets, tmp_path):
+    """The report's gap gives the logits projection's shape its own efficiency: the lm_head weights of the model
+    run.json recorded (vocab x hidden, bf16) at the GPU's DRAM bandwidth the export records, over the mean duration
+    SQL gives for the longest nvjet launch of each step."""
+    from click.testing import CliRunner
+
+    from profattr.cli import cli
+    from profattr.report.collect import capture_gap
+    from profattr.trace.reader import run_json_path
+
+    path, budget = budgets(name)
+    run = json.loads(run_json_path(path).read_text())
+    config = run["model_config"]
+    weight_bytes = config["vocab_size"] * config["hidden_size"] * 2  # bf16, not tied, one rank (tp 1)
+    bandwidth = sql(path, "SELECT memoryBandwidth FROM TARGET_INFO_GPU WHERE id = 0")[0][0]
+    durations = [r[0] for r in sql(path, KERNELS_IN_STEPS + """
+        SELECT e - s FROM (SELECT *, row_number() OVER (PARTITION BY dev, step ORDER BY e - s DESC) AS rn
+                           FROM assigned WHERE name LIKE 'nvjet%') WHERE rn = 1""", {"pattern": DECODE})]
+    gap, note = capture_gap(budget, path, run, str(run_json_path(path)), None)
+    assert note is None
+    lm = gap["devices"][0]["lm_head"]
+    assert lm["weight_bytes"] == pytest.approx(weight_bytes, rel=1e-12)
+    assert lm["mean_us"] == pytest.approx(statistics.fmean(durations) / 1e3, rel=1e-9)
+    want = 100.0 * (weight_bytes / bandwidth) / (statistics.fmean(durations) * 1e-9)
+    assert lm["efficiency_pct"] == pytest.approx(want, rel=1e-9)
+    assert 50.0 < lm["efficiency_pct"] < 100.0
+    out = tmp_path / "report"
+    result = CliRunner().invoke(cli, ["report", str(path), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    text = (out / "report.md").read_text()
+    assert f"{lm['efficiency_pct']:.1f}% of its limit" in text and "Logits projection (lm\\_head)" in text
+
+
 # --- Nsight Compute drills -----------------------------------------------------------------------------------------
 
 DRILLS = sorted(p.name for p in (EXAMPLES / "glm5").glob("glm-drill-*.ncu.csv"))

@@ -307,8 +307,26 @@ def top_kernels_section(data) -> list:
             short = short_kernel_line(d)
             if short:
                 out += ["", md_escape(short[0].upper() + short[1:]) + "."]
+            lm = next((g.get("lm_head") for g in (cap.gap or {}).get("devices") or []
+                       if g.get("device") == d["device"] and g.get("lm_head")), None)
+            if lm:
+                out += ["", md_escape(lm_head_sentence(lm))]
             out.append("")
     return out
+
+
+def lm_head_sentence(lm: dict) -> str:
+    """The logits projection's own row: its shape, time, weight bytes and efficiency, against the rest of its
+    kernel name (whose mean over every shape hides it)."""
+    text = (f"Logits projection (lm_head): {lm['name']} {lm['label']}, once per step, {lm['mean_us']:.1f} µs; it "
+            f"reads {lm['weight_bytes'] / 1e6:.0f} MB of weights per step, {lm['achieved_bytes_per_s'] / 1e12:.2f} "
+            f"TB/s: {lm['efficiency_pct']:.1f}% of its limit ({lm['floor_ms'] * 1e3:.1f} µs at "
+            f"{lm['bandwidth_bytes_per_s'] / 1e12:.2f} TB/s)")
+    if lm.get("other_shapes"):
+        text += (f"; the name's {lm['other_shapes']} other shape{'s' if lm['other_shapes'] > 1 else ''} run "
+                 f"{lm['other_shapes_count_per_step']:.1f}x per step at {lm['other_shapes_mean_us']:.1f} µs, and its "
+                 f"per-name mean of {lm['name_mean_us']:.1f} µs describes neither")
+    return text + f". ({lm['rule'][0].upper()}{lm['rule'][1:]}.)"
 
 
 def category_chart_section(data) -> list:
