@@ -238,6 +238,69 @@ def test_lm_head_gets_its_own_efficiency_against_its_weight_bytes(name, budgets,
     assert f"{lm['efficiency_pct']:.1f}% of its limit" in text and "Logits projection (lm\\_head)" in text
 
 
+def _linear_mnk(text: str):
+    """(M, N, K) of a layerwise marker's text read as the Python literal it is; None unless a linear layer's."""
+    import ast
+
+    try:
+        d = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return None
+    weight = (d.get("TrainableParams") or {}).get("weight")
+    inputs = d.get("Inputs") or []
+    if not isinstance(weight, list) or len(weight) != 2 or not inputs or not inputs[0]:
+        return None
+    n, k = weight
+    if inputs[0][-1] != k:
+        return None
+    m = 1
+    for v in inputs[0][:-1]:
+        m *= v
+    return (m, n, k)
+
+
+def test_eager_capture_splits_gemm_shapes_by_the_m_n_k_of_their_linear_layer(export_example):
+    """In the eager twin (layerwise NVTX markers), a GEMM launched inside a linear layer's range carries that
+    layer's M, N, K: each (name, grid, block, registers, M, N, K) row is what SQL gives when every kernel takes the
+    innermost linear-layer range open on its launching thread."""
+    path = export_example("glm5/glm-triton-eager")
+    budget = compute_budget(path).to_dict()
+    assert budget["steps"]["source"].startswith("nvtx-re:^step\\[DECODE")
+    rows = sql(path, KERNELS_IN_STEPS + """,
+        lin AS (
+          SELECT n.globalTid AS ltid, n.start AS ls, n."end" AS le, COALESCE(t.value, n.text) AS txt
+          FROM NVTX_EVENTS n LEFT JOIN StringIds t ON t.id = n.textId
+          WHERE n.eventType IN (59, 60) AND COALESCE(t.value, n.text) LIKE '%''TrainableParams''%')
+        SELECT a.dev, a.name, a.gx, a.gy, a.gz, a.bx, a.by, a.bz, a.regs, a.e - a.s, a.step,
+               (SELECT group_concat(txt, char(1)) FROM (SELECT txt FROM lin WHERE lin.ltid = a.tid
+                                                         AND a.api BETWEEN lin.ls AND lin.le ORDER BY lin.ls DESC))
+        FROM assigned a""", {"pattern": DECODE})
+    steps = len({r[10] for r in rows})
+    want: dict = defaultdict(lambda: [0.0, 0.0])
+    for dev, kname, gx, gy, gz, bx, by, bz, regs, dur, _step, texts in rows:
+        mnk = next((x for x in (_linear_mnk(t) for t in (texts or "").split("\x01") if t) if x), None)
+        want[(kname, (gx, gy, gz), (bx, by, bz), regs, mnk)][0] += dur / steps / 1e6
+        want[(kname, (gx, gy, gz), (bx, by, bz), regs, mnk)][1] += 1 / steps
+    got: dict = defaultdict(lambda: [0.0, 0.0])
+    d = budget["devices"][0]
+    assert d["steps"] == steps
+    for r in shape_rows(d):
+        if r["shape"] is None:
+            continue
+        s = r["shape"]
+        g = s.get("gemm")
+        key = (r["name"], tuple(s["grid"]), tuple(s["block"]), s["registers_per_thread"],
+               (g["m"], g["n"], g["k"]) if g else None)
+        got[key][0] += r["ms_per_step"]
+        got[key][1] += r["count_per_step"]
+    assert set(got) == set(want)
+    for key, value in want.items():
+        assert got[key] == pytest.approx(value, rel=1e-9), key
+    # the Triton FP8 GEMM's grid of 48 CTAs is three GEMMs (N=6144 with K=16384, 12288, 2048): three rows
+    k48 = {key[4] for key in want if key[0] == "_w8a8_block_fp8_matmul" and key[1] == (48, 1, 1)}
+    assert len(k48) >= 2 and all(x is not None and x[1] == 6144 for x in k48)
+
+
 # --- Nsight Compute drills -----------------------------------------------------------------------------------------
 
 DRILLS = sorted(p.name for p in (EXAMPLES / "glm5").glob("glm-drill-*.ncu.csv"))

@@ -154,9 +154,10 @@ class StepTotals:
         self.in_order = True
 
     def add(self, ops: Ops, step: np.ndarray, combo: np.ndarray, combos: Combos | None, status: np.ndarray | None,
-            categories: np.ndarray | None = None) -> None:
+            categories: np.ndarray | None = None, gemm: np.ndarray | None = None) -> None:
         """One window: its ops, their step (-1 outside), registry combination and placement status.
-        `categories` (per registry id) replaces `combos` when the combinations are final already."""
+        `categories` (per registry id) replaces `combos` when the combinations are final already; `gemm`: each
+        op's packed M, N, K (attribute/gemm_dims.py; -1 or None: unknown)."""
         inside = step >= 0
         out_dev = ops.device[~inside]
         if len(out_dev):
@@ -189,10 +190,11 @@ class StepTotals:
         if self.step_categories:
             self._add_categories(gid, group, n_groups, reg, dur, cat_names)
         # per (device, combination, launch shape): kernel rows per name and per shape (budget.assemble)
-        dc, dc_group = group_rows(dev, reg, ops.grid[sel], ops.block[sel])
+        mnk = gemm[sel] if gemm is not None else np.full(len(dev), -1, dtype=np.int64)
+        dc, dc_group = group_rows(dev, reg, ops.grid[sel], ops.block[sel], mnk)
         ns = np.bincount(dc_group, weights=dur, minlength=len(dc)).round().astype(np.int64)
         count = np.bincount(dc_group, minlength=len(dc))
-        self.combo_parts.append((dc[:, 0], dc[:, 1], ns, count, dc[:, 2], dc[:, 3]))
+        self.combo_parts.append((dc[:, 0], dc[:, 1], ns, count, dc[:, 2], dc[:, 3], dc[:, 4]))
         self._add_short(dev, dur, ops.kind[sel] == KIND_KERNEL)
         # collectives (for the transfer / wait split, comm.py): few ops, kept whole
         is_comm = np.array([str(c).startswith(COMM_PREFIX) for c in cat_names], dtype=bool)
@@ -294,7 +296,7 @@ class StepTotals:
         return per_step, per_step_category, per_combo, outside
 
     def _per_combo(self, final: np.ndarray) -> pd.DataFrame:
-        """device, combo, grid, block, ns, count: one row per (device, final combination, launch shape)."""
+        """device, combo, grid, block, gemm, ns, count: one row per (device, final combination, launch shape)."""
         parts = self.combo_parts
         if parts:
             cdev = np.concatenate([x[0] for x in parts]).astype(np.int32)
@@ -303,15 +305,16 @@ class StepTotals:
             ccnt = np.concatenate([x[3] for x in parts])
             cgrid = np.concatenate([x[4] for x in parts])
             cblock = np.concatenate([x[5] for x in parts])
+            cgemm = np.concatenate([x[6] for x in parts])
         else:
             cdev = np.zeros(0, dtype=np.int32)
-            creg = cns = ccnt = cgrid = cblock = np.zeros(0, dtype=np.int64)
-        keys, group = group_rows(cdev, creg, cgrid, cblock)
+            creg = cns = ccnt = cgrid = cblock = cgemm = np.zeros(0, dtype=np.int64)
+        keys, group = group_rows(cdev, creg, cgrid, cblock, cgemm)
         ns = np.bincount(group, weights=cns, minlength=len(keys)).round().astype(np.int64)
         count = np.bincount(group, weights=ccnt, minlength=len(keys)).round().astype(np.int64)
         keep = count > 0
         return pd.DataFrame({"device": keys[keep, 0].astype(np.int32), "combo": keys[keep, 1], "grid": keys[keep, 2],
-                             "block": keys[keep, 3], "ns": ns[keep], "count": count[keep]})
+                             "block": keys[keep, 3], "gemm": keys[keep, 4], "ns": ns[keep], "count": count[keep]})
 
     def _step_categories(self, rank, dev_sorted, step_sorted, n_groups, combos: pd.DataFrame) -> pd.DataFrame:
         """per_step_category from the windows' parts; `rank`: final row of each pair id in (device, step) order."""

@@ -56,6 +56,7 @@ class Attribution:
     mapped: np.ndarray | None = None  # per op: index of its matched op in `mapping.ops`, -1 when none
     mapping_report: dict | None = None
     names: np.ndarray | None = None  # per op: demangled name (filled when a mapping needed it)
+    gemm_mnk: np.ndarray | None = None  # per op: packed M, N, K of its linear layer's NVTX range (gemm_dims.py)
 
     def category(self) -> np.ndarray:
         """Category id per op (object array)."""
@@ -319,9 +320,12 @@ def attribute(export, steps_spec: str, ruleset, mapping: Attribution | None = No
                   f"within the step, {result.name_mismatches} of {result.ops_compared} ops without a same-named "
                   f"match, {int(((status == STATUS_UNPLACED) & inside).sum())} unplaced")
     combo, combos = classify_masks(export, ops, mask, patterns, ruleset)
+    from profattr.attribute.gemm_dims import LinearRanges
+
+    gemm = LinearRanges(ranges).of(placement.tid, placement.t_ns)
     return Attribution(ops=ops, step=step, combo=combo, combos=combos, steps=steps, ranges=ranges,
                        context_method=method, ctx_tid=placement.tid, ctx_ns=placement.t_ns, status=status,
-                       mask=mask, mapping=mapping, mapped=mapped, mapping_report=report, names=names)
+                       mask=mask, mapping=mapping, mapped=mapped, mapping_report=report, names=names, gemm_mnk=gemm)
 
 
 def context_mask(ranges: Ranges, patterns: Sequence[str], ctx_tid, ctx_ns, selected: list | None = None
@@ -357,7 +361,8 @@ def classify_masks(export, ops: Ops, mask: np.ndarray, patterns: Sequence[str], 
 
 def summarize(export, att: Attribution) -> Budget:
     totals = StepTotals()
-    totals.add(att.ops, att.step, att.combo, None, None, categories=att.combos["category"].to_numpy())
+    totals.add(att.ops, att.step, att.combo, None, None, categories=att.combos["category"].to_numpy(),
+               gemm=att.gemm_mnk)
     tables = totals.finish(np.arange(len(att.combos)), att.combos)
     budget = assemble(export, att.steps, att.context_method, att.combos, *tables,
                       att.placement() if att.status is not None else None, short_kernels=totals.short)
@@ -417,19 +422,23 @@ def assemble(export, steps: Steps, context_method: str, combos_frame: pd.DataFra
 
 def kernel_shapes(combos: pd.DataFrame, n_steps: int, total_op_ns: float) -> dict:
     """(name, demangled, category, family) -> its launch shapes (trace/ops.py), longest first: each shape's grid,
-    block, registers per thread, label, launches and ms per step, mean duration and share of the GPU's op time.
+    block, registers per thread (and the GEMM's M, N, K where its linear layer's NVTX range names them), label, launches and ms per step, mean duration and share of the GPU's op time.
     Memory ops have none."""
+    from profattr.attribute.gemm_dims import unpack_mnk
     from profattr.trace.ops import shape_label, unpack_shape
 
     keys = ["name", "demangled", "category", "family"]
     kernels = combos[~combos["category"].str.startswith("memory.")]
     if not len(kernels):
         return {}
-    by_shape = (kernels.groupby(keys + ["grid", "block"], sort=False)[["ns", "count"]].sum().reset_index()
-                .sort_values(["ns", "grid", "block"], ascending=[False, True, True]))
+    by_shape = (kernels.groupby(keys + ["grid", "block", "gemm"], sort=False)[["ns", "count"]].sum().reset_index()
+                .sort_values(["ns", "grid", "block", "gemm"], ascending=[False, True, True, True]))
     out: dict = {}
     for r in by_shape.itertuples():
         shape = unpack_shape(r.grid, r.block)
+        mnk = unpack_mnk(r.gemm)
+        if shape is not None and mnk is not None:
+            shape["gemm"] = mnk
         out.setdefault((r.name, r.demangled, r.category, r.family), []).append({
             "shape": shape, "label": shape_label(shape), "ms_per_step": r.ns / n_steps / NS_PER_MS,
             "count_per_step": r.count / n_steps, "mean_us": r.ns / r.count / 1e3 if r.count else 0.0,

@@ -226,10 +226,12 @@ def _shape_columns(shape: Optional[dict]) -> dict:
     """kernel_shapes columns of a budget shape (trace/ops.py unpack_shape); NULLs when it was not recorded."""
     if not shape:
         return {c: None for c in ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z",
-                                  "registers_per_thread")}
+                                  "registers_per_thread", "gemm_m", "gemm_n", "gemm_k")}
+    gemm = shape.get("gemm") or {}
     return {"grid_x": shape["grid"][0], "grid_y": shape["grid"][1], "grid_z": shape["grid"][2],
             "block_x": shape["block"][0], "block_y": shape["block"][1], "block_z": shape["block"][2],
-            "registers_per_thread": shape["registers_per_thread"]}
+            "registers_per_thread": shape["registers_per_thread"], "gemm_m": gemm.get("m"), "gemm_n": gemm.get("n"),
+            "gemm_k": gemm.get("k")}
 
 
 def _json(value) -> Optional[str]:

@@ -63,10 +63,11 @@ TABLES = {
         "family": str, "ms_per_step": float, "count_per_step": float,
     }, ("entry_id", "device", "position"), [ENTRY], [(("category",), False), (("name",), False)]),
     # a kernel row's launch shapes (budget kernels[].shapes), in the budget's order; grid/block/registers NULL when
-    # the capture did not record the shape
+    # the capture did not record the shape, gemm_m/n/k NULL when no linear layer's NVTX range named them
     "kernel_shapes": ({
         "entry_id": int, "device": int, "kernel_position": int, "position": int, "grid_x": int, "grid_y": int,
-        "grid_z": int, "block_x": int, "block_y": int, "block_z": int, "registers_per_thread": int, "label": str,
+        "grid_z": int, "block_x": int, "block_y": int, "block_z": int, "registers_per_thread": int, "gemm_m": int,
+        "gemm_n": int, "gemm_k": int, "label": str,
         "ms_per_step": float, "count_per_step": float, "mean_us": float, "share": float,
     }, ("entry_id", "device", "kernel_position", "position"), [ENTRY], []),
     # kernels shorter than `under_us` inside the steps (budget devices[].short_kernels)

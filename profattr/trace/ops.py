@@ -110,7 +110,9 @@ def shape_label(shape: dict | None) -> str:
         return "shape not recorded"
     block = shape["block"]
     b = "x".join(str(v) for v in (block if block[2] != 1 else block[:2] if block[1] != 1 else block[:1]))
-    return f"grid {'x'.join(str(v) for v in shape['grid'])} block {b} regs {shape['registers_per_thread']}"
+    text = f"grid {'x'.join(str(v) for v in shape['grid'])} block {b} regs {shape['registers_per_thread']}"
+    gemm = shape.get("gemm")
+    return text + (f" M={gemm['m']} N={gemm['n']} K={gemm['k']}" if gemm else "")
 
 
 def memop_name(code: int) -> str:
