@@ -168,8 +168,11 @@ class Family:
                 f"median {dur / 1e3:.1f} µs, DRAM {rate / 1e12:.2f} TB/s ({dram:.1f}% of peak), {self.grid_size} "
                 f"CTA{'s' if self.grid_size != 1 else ''} = {self.waves_per_sm:.2f} waves: {self.verdict.title}")
         if self.capture:
+            gemms = self.capture.get("gemm") or []
+            dims = ("; as GEMM" + ("s " if len(gemms) > 1 else " ")
+                    + ", ".join(f"M={g['m']} N={g['n']} K={g['k']}" for g in gemms) if gemms else "")
             text += (f" (the capture runs this shape {self.capture['count_per_step']:.1f}x per step, "
-                     f"{self.capture['ms_per_step']:.3f} ms)")
+                     f"{self.capture['ms_per_step']:.3f} ms{dims})")
         return text
 
     @property

@@ -44,9 +44,11 @@ def kernel_labels(ncu, budget: Optional[dict], rules: Sequence = ()) -> tuple:
         for s in k.get("shapes") or []:
             if s.get("shape"):
                 key = shape_key(k["name"], s["shape"]["grid"], s["shape"]["block"], s["shape"]["registers_per_thread"])
-                acc = by_shape.setdefault(key, {"ms_per_step": 0.0, "count_per_step": 0.0})
+                acc = by_shape.setdefault(key, {"ms_per_step": 0.0, "count_per_step": 0.0, "gemm": []})
                 acc["ms_per_step"] += s["ms_per_step"]
                 acc["count_per_step"] += s["count_per_step"]
+                if s["shape"].get("gemm"):  # the GEMMs (M, N, K) the capture ran with this shape
+                    acc["gemm"].append(s["shape"]["gemm"])
     categories, families, in_capture = {}, {}, {}
     for k in ncu.kernels:
         if k.name in categories:
