@@ -259,13 +259,9 @@ def _linear_mnk(text: str):
     return (m, n, k)
 
 
-def test_eager_capture_splits_gemm_shapes_by_the_m_n_k_of_their_linear_layer(export_example):
-    """In the eager twin (layerwise NVTX markers), a GEMM launched inside a linear layer's range carries that
-    layer's M, N, K: each (name, grid, block, registers, M, N, K) row is what SQL gives when every kernel takes the
-    innermost linear-layer range open on its launching thread."""
-    path = export_example("glm5/glm-triton-eager")
-    budget = compute_budget(path).to_dict()
-    assert budget["steps"]["source"].startswith("nvtx-re:^step\\[DECODE")
+def _eager_expected(path):
+    """(steps, {(name, grid, block, registers, (M, N, K) or None): [ms_per_step, count_per_step]}) of the eager
+    capture's decode steps, each kernel taking the innermost linear-layer range open at its launch call."""
     rows = sql(path, KERNELS_IN_STEPS + """,
         lin AS (
           SELECT n.globalTid AS ltid, n.start AS ls, n."end" AS le, COALESCE(t.value, n.text) AS txt
@@ -281,6 +277,17 @@ def test_eager_capture_splits_gemm_shapes_by_the_m_n_k_of_their_linear_layer(exp
         mnk = next((x for x in (_linear_mnk(t) for t in (texts or "").split("\x01") if t) if x), None)
         want[(kname, (gx, gy, gz), (bx, by, bz), regs, mnk)][0] += dur / steps / 1e6
         want[(kname, (gx, gy, gz), (bx, by, bz), regs, mnk)][1] += 1 / steps
+    return steps, dict(want)
+
+
+def test_eager_capture_splits_gemm_shapes_by_the_m_n_k_of_their_linear_layer(export_example):
+    """In the eager twin (layerwise NVTX markers), a GEMM launched inside a linear layer's range carries that
+    layer's M, N, K: each (name, grid, block, registers, M, N, K) row is what SQL gives when every kernel takes the
+    innermost linear-layer range open on its launching thread."""
+    path = export_example("glm5/glm-triton-eager")
+    budget = compute_budget(path).to_dict()
+    assert budget["steps"]["source"].startswith("nvtx-re:^step\\[DECODE")
+    steps, want = _eager_expected(path)
     got: dict = defaultdict(lambda: [0.0, 0.0])
     d = budget["devices"][0]
     assert d["steps"] == steps
@@ -299,6 +306,22 @@ def test_eager_capture_splits_gemm_shapes_by_the_m_n_k_of_their_linear_layer(exp
     # the Triton FP8 GEMM's grid of 48 CTAs is three GEMMs (N=6144 with K=16384, 12288, 2048): three rows
     k48 = {key[4] for key in want if key[0] == "_w8a8_block_fp8_matmul" and key[1] == (48, 1, 1)}
     assert len(k48) >= 2 and all(x is not None and x[1] == 6144 for x in k48)
+
+
+def test_drilled_shape_names_the_gemms_the_eager_capture_ran_with_it(export_example):
+    path = export_example("glm5/glm-triton-eager")
+    _, want = _eager_expected(path)
+    a = analyse_csv(EXAMPLES / "glm5" / "glm-drill-triton.ncu.csv", compute_budget(path).to_dict()).to_dict()
+    fams = [f for f in a["families"] if f["short_name"] == "_w8a8_block_fp8_matmul"]
+    assert fams
+    for f in fams:
+        key = (f["short_name"], tuple(f["grid"]), tuple(f["block"]), f["registers_per_thread"])
+        dims = sorted(k[4] for k in want if k[:4] == key and k[4] is not None)
+        assert sorted((g["m"], g["n"], g["k"]) for g in f["capture"]["gemm"]) == dims
+        assert f["capture"]["count_per_step"] == pytest.approx(sum(v[1] for k, v in want.items() if k[:4] == key),
+                                                               rel=1e-9)
+        for m, n, k in dims:
+            assert f"M={m} N={n} K={k}" in f["sentence"]
 
 
 # --- Nsight Compute drills -----------------------------------------------------------------------------------------
