@@ -308,6 +308,36 @@ def test_eager_capture_splits_gemm_shapes_by_the_m_n_k_of_their_linear_layer(exp
     assert len(k48) >= 2 and all(x is not None and x[1] == 6144 for x in k48)
 
 
+def test_graph_capture_with_mapping_borrows_n_and_k_but_not_m(export_example):
+    """With --mapping EAGER, a replayed GEMM takes the N and K of the linear layer its matched eager op ran in; M is
+    left unknown (the eager twin's batch need not be the capture's). Per (name, grid, block, registers) the rows
+    still add up to SQL's, and every N, K is one the eager capture's SQL gives that shape."""
+    eager = export_example("glm5/glm-triton-eager")
+    _, in_eager = _eager_expected(eager)
+    path = export_example("glm5/glm-triton-bs4-r1")
+    budget = compute_budget(path, mapping=eager).to_dict()
+    d = budget["devices"][0]
+    nk_of: dict = defaultdict(set)
+    for key in in_eager:
+        if key[4] is not None:
+            nk_of[key[0]].add(key[4][1:])
+    named = 0
+    for r in shape_rows(d):
+        g = (r["shape"] or {}).get("gemm")
+        if g:
+            named += 1
+            assert g["m"] is None and (g["n"], g["k"]) in nk_of[r["name"]]
+            assert r["label"].endswith(f" N={g['n']} K={g['k']}") and " M=" not in r["label"]
+    assert named >= 5
+    rows = sql(path, KERNELS_IN_STEPS + """
+        SELECT name, gx, gy, gz, bx, by, bz, regs, count(*) FROM assigned GROUP BY name, gx, gy, gz, bx, by, bz, regs""",
+               {"pattern": DECODE})
+    got = _budget_shapes(d)
+    assert {_k[0:1] + _shape(*_k[1:8]) for _k in rows} == {(k[0], k[1], k[2], k[3]) for k in got}
+    for r in rows:
+        assert got[(r[0],) + _shape(*r[1:8])][1] == pytest.approx(r[8] / d["steps"], rel=1e-9)
+
+
 def test_drilled_shape_names_the_gemms_the_eager_capture_ran_with_it(export_example):
     path = export_example("glm5/glm-triton-eager")
     _, want = _eager_expected(path)

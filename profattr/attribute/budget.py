@@ -320,9 +320,13 @@ def attribute(export, steps_spec: str, ruleset, mapping: Attribution | None = No
                   f"within the step, {result.name_mismatches} of {result.ops_compared} ops without a same-named "
                   f"match, {int(((status == STATUS_UNPLACED) & inside).sum())} unplaced")
     combo, combos = classify_masks(export, ops, mask, patterns, ruleset)
-    from profattr.attribute.gemm_dims import LinearRanges
+    from profattr.attribute.gemm_dims import LinearRanges, without_m
 
     gemm = LinearRanges(ranges).of(placement.tid, placement.t_ns)
+    if mapped is not None and mapping.gemm_mnk is not None:
+        # an op that borrowed its context borrows its layer's N and K; not M (the eager twin may run another batch)
+        take = (status == STATUS_MAPPING) & (gemm < 0)
+        gemm[take] = without_m(mapping.gemm_mnk[mapped[take]])
     return Attribution(ops=ops, step=step, combo=combo, combos=combos, steps=steps, ranges=ranges,
                        context_method=method, ctx_tid=placement.tid, ctx_ns=placement.t_ns, status=status,
                        mask=mask, mapping=mapping, mapped=mapped, mapping_report=report, names=names, gemm_mnk=gemm)

@@ -9,7 +9,9 @@ open on its launching thread at its context point (its launch call, or its graph
 context is read (attribute/graphs.py). Expert weights (3-D), other modules and captures without these markers
 give none (-1).
 
-M, N and K are packed into one int64 per op: M << 43 | N << 21 | K (M < 2^20, N < 2^22, K < 2^21; -1 otherwise).
+M, N and K are packed into one int64 per op: M << 43 | N << 21 | K (M < 2^20, N < 2^22, K < 2^21; -1 otherwise;
+M = 0 when only N and K are known: a replayed kernel that borrowed them from an eager capture of the same workload,
+whose batch may differ).
 """
 from __future__ import annotations
 
@@ -30,11 +32,19 @@ def pack_mnk(m: int, n: int, k: int) -> int:
     return (m << 43) | (n << 21) | k
 
 
+def without_m(packed: np.ndarray) -> np.ndarray:
+    """Packed values with M set to 0 (unknown), -1 kept."""
+    packed = np.asarray(packed, dtype=np.int64)
+    return np.where(packed >= 0, packed & ((np.int64(1) << 43) - 1), -1)
+
+
 def unpack_mnk(packed: int) -> dict | None:
+    """{"m", "n", "k"} of a packed value (m None when not known), None for -1."""
     packed = int(packed)
     if packed < 0:
         return None
-    return {"m": packed >> 43, "n": (packed >> 21) & N_MAX, "k": packed & K_MAX}
+    m = packed >> 43
+    return {"m": m or None, "n": (packed >> 21) & N_MAX, "k": packed & K_MAX}
 
 
 def text_mnk(text: str) -> int:

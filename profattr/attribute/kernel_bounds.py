@@ -170,7 +170,8 @@ class Family:
         if self.capture:
             gemms = self.capture.get("gemm") or []
             dims = ("; as GEMM" + ("s " if len(gemms) > 1 else " ")
-                    + ", ".join(f"M={g['m']} N={g['n']} K={g['k']}" for g in gemms) if gemms else "")
+                    + ", ".join((f"M={g['m']} " if g.get("m") else "") + f"N={g['n']} K={g['k']}" for g in gemms)
+                    if gemms else "")
             text += (f" (the capture runs this shape {self.capture['count_per_step']:.1f}x per step, "
                      f"{self.capture['ms_per_step']:.3f} ms{dims})")
         return text

@@ -115,7 +115,7 @@ def _shapes_by_kernel(db, eid: int) -> dict:
         shape = None if r["grid_x"] is None else {
             "grid": [r["grid_x"], r["grid_y"], r["grid_z"]], "block": [r["block_x"], r["block_y"], r["block_z"]],
             "registers_per_thread": r["registers_per_thread"]}
-        if shape is not None and r.get("gemm_m") is not None:
+        if shape is not None and r.get("gemm_n") is not None:  # gemm_m NULL: N and K borrowed, M not known
             shape["gemm"] = {"m": r["gemm_m"], "n": r["gemm_n"], "k": r["gemm_k"]}
         out.setdefault((r["device"], r["kernel_position"]), []).append({
             "shape": shape, "label": r["label"], **{c: r[c] for c in ("ms_per_step", "count_per_step", "mean_us",

@@ -112,7 +112,9 @@ def shape_label(shape: dict | None) -> str:
     b = "x".join(str(v) for v in (block if block[2] != 1 else block[:2] if block[1] != 1 else block[:1]))
     text = f"grid {'x'.join(str(v) for v in shape['grid'])} block {b} regs {shape['registers_per_thread']}"
     gemm = shape.get("gemm")
-    return text + (f" M={gemm['m']} N={gemm['n']} K={gemm['k']}" if gemm else "")
+    if not gemm:
+        return text
+    return text + (f" M={gemm['m']}" if gemm.get("m") else "") + f" N={gemm['n']} K={gemm['k']}"
 
 
 def memop_name(code: int) -> str:
