@@ -482,3 +482,34 @@ def test_a_ledger_made_before_shapes_gets_their_tables_on_its_next_add(tmp_path)
         assert [[s["label"] for s in k["shapes"]] for k in got["kernels"]] == [
             [s["label"] for s in k["shapes"]] for k in d["kernels"]]
         assert got["short_kernels"] == pytest.approx(d["short_kernels"], rel=1e-12)
+
+
+def test_a_shape_beyond_its_bits_is_not_recorded_and_split_from_the_known_ones(tmp_path):
+    """Synthetic export: one kernel name launched with a normal shape, a grid beyond 2^31 CTAs and negative registers:
+    the two damaged launches form one 'shape not recorded' row, the normal ones their own row; the name's totals
+    keep every launch."""
+    from synth import Builder, gpid, gtid
+
+    b = Builder(tmp_path / "c.sqlite")
+    T, P = gtid(5), gpid(5)
+    corr = []
+    for i in range(2):
+        t = i * 1000
+        b.nvtx(T, t, t + 900, "decode_step")
+        for j in range(3):
+            c = b.launch(T, t + 10 + 10 * j, t + 15 + 10 * j)
+            b.kernel(P, c, t + 100 + 100 * j, t + 150 + 100 * j, "gemm_kernel")
+            corr.append(c)
+    path = b.close()
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET gridX = 4294967296 WHERE correlationId = ?", (corr[1],))
+    conn.execute("UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET registersPerThread = -5 WHERE correlationId = ?", (corr[4],))
+    conn.commit()
+    conn.close()
+    d = compute_budget(path, steps="nvtx:decode_step").to_dict()["devices"][0]
+    k = next(k for k in d["kernels"] if k["name"] == "gemm_kernel")
+    assert k["count_per_step"] == 3.0
+    by_label = {s["label"]: s for s in k["shapes"]}
+    assert set(by_label) == {"grid 1x1x1 block 128 regs 32", "shape not recorded"}
+    assert by_label["shape not recorded"]["shape"] is None and by_label["shape not recorded"]["count_per_step"] == 1.0
+    assert by_label["grid 1x1x1 block 128 regs 32"]["count_per_step"] == 2.0

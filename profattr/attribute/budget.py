@@ -435,6 +435,10 @@ def kernel_shapes(combos: pd.DataFrame, n_steps: int, total_op_ns: float) -> dic
     kernels = combos[~combos["category"].str.startswith("memory.")]
     if not len(kernels):
         return {}
+    unknown = (kernels["grid"] < 0) | (kernels["block"] < 0)  # part of a shape missing: the shape is not known
+    if unknown.any():
+        kernels = kernels.assign(grid=kernels["grid"].where(~unknown, -1), block=kernels["block"].where(~unknown, -1),
+                                 gemm=kernels["gemm"].where(~unknown, -1))
     by_shape = (kernels.groupby(keys + ["grid", "block", "gemm"], sort=False)[["ns", "count"]].sum().reset_index()
                 .sort_values(["ns", "grid", "block", "gemm"], ascending=[False, True, True, True]))
     out: dict = {}
