@@ -513,3 +513,33 @@ def test_a_shape_beyond_its_bits_is_not_recorded_and_split_from_the_known_ones(t
     assert set(by_label) == {"grid 1x1x1 block 128 regs 32", "shape not recorded"}
     assert by_label["shape not recorded"]["shape"] is None and by_label["shape not recorded"]["count_per_step"] == 1.0
     assert by_label["grid 1x1x1 block 128 regs 32"]["count_per_step"] == 2.0
+
+
+def test_budget_csv_lists_each_shape_after_its_kernel_and_the_short_kernels(budgets):
+    from click.testing import CliRunner
+
+    from profattr.cli import cli
+
+    path, budget = budgets("glm5/glm-triton-bs1-r1")
+    result = CliRunner().invoke(cli, ["budget", str(path), "--format", "csv"])
+    assert result.exit_code == 0, result.output
+    rows = list(csv.reader(result.output.splitlines()))[1:]
+    d = budget["devices"][0]
+    want = [(k["demangled"], None) for k in d["kernels"]]
+    got = []
+    for r in rows:
+        if r[1] == "kernel":
+            got.append((r[3], None))
+            shapes = []
+        elif r[1] == "kernel_shape":
+            shapes.append((r[3], float(r[4]), float(r[5])))
+            got[-1] = (got[-1][0], shapes)
+    by_name = {k["demangled"]: k for k in d["kernels"]}
+    assert [g[0] for g in got] == [w[0] for w in want]
+    for name, shapes in got:
+        k = by_name[name]
+        assert [s[0] for s in shapes or []] == [f"{name} [{s['label']}]" for s in k["shapes"]]
+        if shapes:
+            assert sum(s[1] for s in shapes) == pytest.approx(k["ms_per_step"], rel=1e-9)
+    short = next(r for r in rows if r[1] == "short_kernels")
+    assert float(short[4]) == pytest.approx(d["short_kernels"]["ms_per_step"], rel=1e-12)

@@ -120,6 +120,13 @@ def render_csv(budget: dict) -> str:
             w.writerow([d["device"], "category", c["category"], "", c["ms_per_step"], c["count_per_step"]])
         for k in d["kernels"]:
             w.writerow([d["device"], "kernel", k["category"], k["demangled"], k["ms_per_step"], k["count_per_step"]])
+            for sh in k.get("shapes") or []:  # its launch shapes, after it (they sum to it)
+                w.writerow([d["device"], "kernel_shape", k["category"], f"{k['demangled']} [{sh['label']}]",
+                            sh["ms_per_step"], sh["count_per_step"]])
+        short = d.get("short_kernels")
+        if short:
+            w.writerow([d["device"], "short_kernels", "", f"under {short['under_us']:g} us", short["ms_per_step"],
+                        short["count_per_step"]])
         for layer in d.get("layers") or []:
             name = layer_name(layer["layer"])
             w.writerow([d["device"], "layer", "", name, layer["ms_per_step"], layer["count_per_step"]])
