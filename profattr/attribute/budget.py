@@ -26,6 +26,7 @@ from profattr.attribute.accumulate import Combos, StepTotals
 from profattr.attribute.comm import collective_split
 from profattr.attribute.graphs import STATUS_MAPPING, STATUS_NAMES, STATUS_UNPLACED, place_contexts
 from profattr.attribute.nvtx import Ranges, enclosed, load_ranges
+from profattr.attribute.shapes import kernel_shapes, short_kernel_stats
 from profattr.attribute.steps import Steps, find_steps
 from profattr.errors import ProfattrError
 from profattr.regexguard import MAX_MATCH_CHARS
@@ -393,7 +394,7 @@ def assemble(export, steps: Steps, context_method: str, combos_frame: pd.DataFra
         mean_span = float(d_steps["span_ns"].mean()) / NS_PER_MS
         mean_busy = float(d_steps["busy_ns"].mean()) / NS_PER_MS
         kernel_only = kernels[~kernels["category"].str.startswith("memory.")]
-        shapes = kernel_shapes(combos, n, total_op_ns)
+        shapes = kernel_shapes(combos, n, total_op_ns)  # attribute/shapes.py
         devices.append({
             "device": int(device),
             "steps": n,
@@ -422,73 +423,6 @@ def assemble(export, steps: Steps, context_method: str, combos_frame: pd.DataFra
                   format=export.format, tool_version=export.tool_version, steps_excluded=dict(steps.excluded),
                   per_step_category=per_step_category, context_method=context_method,
                   nvtx_placement=nvtx_placement)
-
-
-def kernel_shapes(combos: pd.DataFrame, n_steps: int, total_op_ns: float) -> dict:
-    """(name, demangled, category, family) -> its launch shapes (trace/ops.py), longest first: each shape's grid,
-    block, registers per thread (and the GEMM's M, N, K where its linear layer's NVTX range names them), label, launches and ms per step, mean duration and share of the GPU's op time.
-    Memory ops have none."""
-    from profattr.attribute.gemm_dims import unpack_mnk
-    from profattr.trace.ops import shape_label, unpack_shape
-
-    keys = ["name", "demangled", "category", "family"]
-    kernels = combos[~combos["category"].str.startswith("memory.")]
-    if not len(kernels):
-        return {}
-    unknown = (kernels["grid"] < 0) | (kernels["block"] < 0)  # part of a shape missing: the shape is not known
-    if unknown.any():
-        kernels = kernels.assign(grid=kernels["grid"].where(~unknown, -1), block=kernels["block"].where(~unknown, -1),
-                                 gemm=kernels["gemm"].where(~unknown, -1))
-    by_shape = (kernels.groupby(keys + ["grid", "block", "gemm"], sort=False)[["ns", "count"]].sum().reset_index()
-                .sort_values(["ns", "grid", "block", "gemm"], ascending=[False, True, True, True]))
-    out: dict = {}
-    for r in by_shape.itertuples():
-        shape = unpack_shape(r.grid, r.block)
-        mnk = unpack_mnk(r.gemm)
-        if shape is not None and mnk is not None:
-            shape["gemm"] = mnk
-        out.setdefault((r.name, r.demangled, r.category, r.family), []).append({
-            "shape": shape, "label": shape_label(shape), "ms_per_step": r.ns / n_steps / NS_PER_MS,
-            "count_per_step": r.count / n_steps, "mean_us": r.ns / r.count / 1e3 if r.count else 0.0,
-            "share": r.ns / total_op_ns if total_op_ns else 0.0})
-    return out
-
-
-def mean_shapes(devices: list, kernels: list) -> None:
-    """Replicates' mean of the kernel rows' shapes and of short_kernels (as diff's mean budget takes the mean of the
-    kernel rows): in place, on the mean `kernels` rows and returns the mean short_kernels (None when a replicate
-    lacks it). Each replicate weighs the same; mean_us is the mean time over the mean launches."""
-    n = len(devices)
-    per_kernel: dict = {}
-    for d in devices:
-        for k in d["kernels"]:
-            acc = per_kernel.setdefault((k["name"], k["demangled"], k["category"], k.get("family")), {})
-            for sh in k.get("shapes") or []:
-                row = acc.setdefault(sh["label"], {**sh, "ms_per_step": 0.0, "count_per_step": 0.0, "share": 0.0})
-                for f in ("ms_per_step", "count_per_step", "share"):
-                    row[f] += sh[f] / n
-    for k in kernels:
-        rows = list(per_kernel.get((k["name"], k["demangled"], k["category"], k.get("family")), {}).values())
-        for row in rows:
-            row["mean_us"] = 1e3 * row["ms_per_step"] / row["count_per_step"] if row["count_per_step"] else 0.0
-        k["shapes"] = sorted(rows, key=lambda r: -r["ms_per_step"])
-        if "mean_us" in k:
-            k["mean_us"] = 1e3 * k["ms_per_step"] / k["count_per_step"] if k["count_per_step"] else 0.0
-    if not all(d.get("short_kernels") for d in devices):
-        return None
-    first = devices[0]["short_kernels"]
-    return {"under_us": first["under_us"], **{f: sum(d["short_kernels"][f] for d in devices) / n
-                                              for f in ("count_per_step", "ms_per_step", "share")}}
-
-
-def short_kernel_stats(ns_count, n_steps: int, total_op_ns: float) -> dict:
-    """Kernels shorter than accumulate.SHORT_KERNEL_NS: launches and ms per step, share of the GPU's op time."""
-    from profattr.attribute.accumulate import SHORT_KERNEL_NS
-
-    ns, count = ns_count
-    return {"under_us": SHORT_KERNEL_NS / 1e3, "count_per_step": count / n_steps if n_steps else 0.0,
-            "ms_per_step": ns / n_steps / NS_PER_MS if n_steps else 0.0,
-            "share": ns / total_op_ns if total_op_ns else 0.0}
 
 
 def _steps_per_device(budget: Budget) -> dict:

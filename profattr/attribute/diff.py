@@ -27,7 +27,8 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from profattr.attribute.budget import Budget, compute_budget, mean_shapes
+from profattr.attribute.budget import Budget, compute_budget
+from profattr.attribute.shapes import mean_shapes
 from profattr.attribute.diff_parts import family_split, fingerprint, kernel_rows, layer_rows
 from profattr.attribute.diff_stats import COMM_WAIT, bootstrap, is_change, practical_ms
 from profattr.errors import ProfattrError
