@@ -30,7 +30,7 @@ FORMAT = "profattr.opstore/1"
 COLUMNS = {"start": np.int64, "end": np.int64, "device": np.int32, "launch_key": np.int64, "name_id": np.int32,
            "demangled_id": np.int32, "graph_node": np.int64, "stream": np.int32, "kind": np.int8,
            "launch_tid": np.int64, "launch_ns": np.int64, "launched": np.bool_, "grid": np.int64, "block": np.int64}
-DEFAULT_WINDOW_OPS = 1 << 19  # ops per window: about 35 MB of op arrays, a few times that while a window is worked
+DEFAULT_WINDOW_OPS = 1 << 19  # ops per window: about 43 MB of op arrays, a few times that while a window is worked
 MIN_LAUNCH_MARGIN_NS = 2_000_000_000  # launch calls kept this long (or 4x the longest lag seen) behind the window
 
 
