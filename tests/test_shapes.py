@@ -158,7 +158,7 @@ def test_short_kernel_statistics_match_sql(name, budgets, export_example):
         assert s["share"] == pytest.approx(ns / total[d["device"]], rel=1e-9)
 
 
-def test_triton_fp8_gemm_runs_several_shapes_slower_per_launch_at_batch_1(budgets):
+def test_triton_fp8_gemm_rows_per_grid_match_sql_at_batch_1_and_4(budgets):
     """_w8a8_block_fp8_matmul: one name, several grids; the same grid at batch 4 and batch 1 are separate rows, and
     each is what SQL says for that grid."""
     for name in ("glm5/glm-triton-bs1-r1", "glm5/glm-triton-bs4-r1"):
