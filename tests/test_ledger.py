@@ -175,7 +175,18 @@ def test_device_category_kernel_and_comm_rows_match_budget_json(ledger, budgets)
                 assert c["exclusive_ms_per_step"] / got["mean_step_ms"] == pytest.approx(w["share"], abs=TOL)
             kernels = rows(ledger, "SELECT name, demangled, category, family, ms_per_step, count_per_step FROM kernels "
                                    "WHERE entry_id = ? AND device = ? ORDER BY position", [eid, want["device"]])
-            assert_close(kernels, want["kernels"], where + " kernels")
+            kernel_cols = ["name", "demangled", "category", "family", "ms_per_step", "count_per_step"]
+            assert_close(kernels, [{c: k[c] for c in kernel_cols} for k in want["kernels"]], where + " kernels")
+            # each kernel row's launch shapes, in the budget's order
+            shapes = rows(ledger, "SELECT kernel_position, label, ms_per_step, count_per_step, mean_us, share FROM "
+                                  "kernel_shapes WHERE entry_id = ? AND device = ? ORDER BY kernel_position, position",
+                          [eid, want["device"]])
+            assert_close(shapes, [{"kernel_position": i, **{c: s[c] for c in ("label", "ms_per_step", "count_per_step",
+                                                                              "mean_us", "share")}}
+                                  for i, k in enumerate(want["kernels"]) for s in k["shapes"]], where + " shapes")
+            short = rows(ledger, "SELECT under_us, count_per_step, ms_per_step, share FROM short_kernels "
+                                 "WHERE entry_id = ? AND device = ?", [eid, want["device"]])
+            assert_close(short, [want["short_kernels"]], where + " short kernels")
             comm = rows(ledger, "SELECT * FROM comm WHERE entry_id = ? AND device = ?", [eid, want["device"]])
             if "comm" not in want:
                 assert comm == []

@@ -31,6 +31,7 @@ from profattr.attribute.accumulate import Combos, StepTotals
 from profattr.attribute.comm import collective_split
 from profattr.attribute.graphs import STATUS_MAPPING, STATUS_NAMES, STATUS_UNPLACED, place_contexts
 from profattr.attribute.nvtx import Ranges, enclosed, load_ranges
+from profattr.attribute.shapes import kernel_shapes, short_kernel_stats
 from profattr.attribute.steps import Steps, find_steps
 from profattr.errors import ProfattrError
 from profattr.regexguard import MAX_MATCH_CHARS
@@ -61,6 +62,7 @@ class Attribution:
     mapped: np.ndarray | None = None  # per op: index of its matched op in `mapping.ops`, -1 when none
     mapping_report: dict | None = None
     names: np.ndarray | None = None  # per op: demangled name (filled when a mapping needed it)
+    gemm_mnk: np.ndarray | None = None  # per op: packed M, N, K of its linear layer's NVTX range (gemm_dims.py)
 
     def category(self) -> np.ndarray:
         """Category id per op (object array)."""
@@ -324,9 +326,16 @@ def attribute(export, steps_spec: str, ruleset, mapping: Attribution | None = No
                   f"within the step, {result.name_mismatches} of {result.ops_compared} ops without a same-named "
                   f"match, {int(((status == STATUS_UNPLACED) & inside).sum())} unplaced")
     combo, combos = classify_masks(export, ops, mask, patterns, ruleset)
+    from profattr.attribute.gemm_dims import LinearRanges, without_m
+
+    gemm = LinearRanges(ranges).of(placement.tid, placement.t_ns)
+    if mapped is not None and mapping.gemm_mnk is not None:
+        # an op that borrowed its context borrows its layer's N and K; not M (the eager twin may run another batch)
+        take = (status == STATUS_MAPPING) & (gemm < 0)
+        gemm[take] = without_m(mapping.gemm_mnk[mapped[take]])
     return Attribution(ops=ops, step=step, combo=combo, combos=combos, steps=steps, ranges=ranges,
                        context_method=method, ctx_tid=placement.tid, ctx_ns=placement.t_ns, status=status,
-                       mask=mask, mapping=mapping, mapped=mapped, mapping_report=report, names=names)
+                       mask=mask, mapping=mapping, mapped=mapped, mapping_report=report, names=names, gemm_mnk=gemm)
 
 
 def context_mask(ranges: Ranges, patterns: Sequence[str], ctx_tid, ctx_ns, selected: list | None = None
@@ -362,19 +371,23 @@ def classify_masks(export, ops: Ops, mask: np.ndarray, patterns: Sequence[str], 
 
 def summarize(export, att: Attribution) -> Budget:
     totals = StepTotals()
-    totals.add(att.ops, att.step, att.combo, None, None, categories=att.combos["category"].to_numpy())
+    totals.add(att.ops, att.step, att.combo, None, None, categories=att.combos["category"].to_numpy(),
+               gemm=att.gemm_mnk)
     tables = totals.finish(np.arange(len(att.combos)), att.combos)
     budget = assemble(export, att.steps, att.context_method, att.combos, *tables,
-                      att.placement() if att.status is not None else None, exclusive=totals.exclusive_ns())
+                      att.placement() if att.status is not None else None, exclusive=totals.exclusive_ns(),
+                      short_kernels=totals.short)
     add_comm(budget, att)
     return budget
 
 
 def assemble(export, steps: Steps, context_method: str, combos_frame: pd.DataFrame, per_step: pd.DataFrame,
              per_step_category: pd.DataFrame, per_combo: pd.DataFrame, outside: dict,
-             nvtx_placement: dict | None, exclusive: pd.DataFrame | None = None) -> Budget:
+             nvtx_placement: dict | None, exclusive: pd.DataFrame | None = None,
+             short_kernels: dict | None = None) -> Budget:
     """The Budget from the totals (accumulate.StepTotals.finish) of its steps; `exclusive`: StepTotals.exclusive_ns
-    (the busy time split among categories), which also gives per_step_category its `exclusive_ns` column."""
+    (the busy time split among categories), which also gives per_step_category its `exclusive_ns` column; `short_kernels`: per device, (ns,
+    count) of the kernels under accumulate.SHORT_KERNEL_NS (StepTotals.short)."""
     if exclusive is None:
         exclusive = pd.DataFrame({"device": [], "step": [], "category": [], "exclusive_ns": []})
     if per_step_category is not None:
@@ -396,6 +409,7 @@ def assemble(export, steps: Steps, context_method: str, combos_frame: pd.DataFra
         mean_span = float(d_steps["span_ns"].mean()) / NS_PER_MS
         mean_busy = float(d_steps["busy_ns"].mean()) / NS_PER_MS
         kernel_only = kernels[~kernels["category"].str.startswith("memory.")]
+        shapes = kernel_shapes(combos, n, total_op_ns)  # attribute/shapes.py
         devices.append({
             "device": int(device),
             "steps": n,
@@ -410,8 +424,11 @@ def assemble(export, steps: Steps, context_method: str, combos_frame: pd.DataFra
             "categories": [_category_row(r.category, r.ns, r.count, int(excl.get(r.category, 0)), n, mean_span)
                            for r in cats.itertuples()],
             "kernels": [{"name": r.name, "demangled": r.demangled, "category": r.category, "family": r.family,
-                         "ms_per_step": r.ns / n / NS_PER_MS, "count_per_step": r.count / n}
+                         "ms_per_step": r.ns / n / NS_PER_MS, "count_per_step": r.count / n,
+                         "mean_us": r.ns / r.count / 1e3 if r.count else 0.0,
+                         "shapes": shapes.get((r.name, r.demangled, r.category, r.family), [])}
                         for r in kernels.itertuples()],
+            "short_kernels": short_kernel_stats((short_kernels or {}).get(int(device), (0, 0)), n, total_op_ns),
             "unclassified_share": uncl_ns / total_op_ns if total_op_ns else 0.0,
             "outside_steps": {"ops": int(outside.get(int(device), (0, 0))[1]),
                               "ms": float(outside.get(int(device), (0, 0))[0]) / NS_PER_MS},

@@ -35,6 +35,7 @@ import numpy as np
 import pandas as pd
 
 from profattr.attribute.budget import Budget, compute_budget
+from profattr.attribute.shapes import mean_shapes
 from profattr.attribute.diff_parts import family_split, fingerprint, kernel_rows, layer_rows
 from profattr.attribute.diff_stats import (COMM_WAIT, WINDOWS_FOR_VARIANCE, bootstrap, coverage, is_change, levels,
                                            practical_ms)
@@ -220,6 +221,9 @@ def _mean_device(ds: list) -> dict:
     out["categories"] = _mean_rows([d["categories"] for d in ds], lambda r: r["category"], fields)
     out["kernels"] = _mean_rows([d["kernels"] for d in ds], lambda r: (r["name"], r["demangled"], r["category"],
                                                                         r.get("family")))
+    short = mean_shapes(ds, out["kernels"])  # each kernel row's launch shapes, and the short kernels, too
+    if short is not None:
+        out["short_kernels"] = short
     if all(d.get("comm") for d in ds):
         comm = {f: sum(d["comm"][f] for d in ds) / n
                 for f in ("collective_ms_per_step", "transfer_ms_per_step", "wait_ms_per_step")}

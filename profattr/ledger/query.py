@@ -65,6 +65,9 @@ def budget_dict(db, entry: dict) -> dict:
                                "WHERE entry_id = ? ORDER BY device, position", [eid]))
     kernels = _by_device(db.query("SELECT device, name, demangled, category, family, ms_per_step, count_per_step "
                                   "FROM kernels WHERE entry_id = ? ORDER BY device, position", [eid]))
+    shapes = _shapes_by_kernel(db, eid)
+    short = ({r["device"]: r for r in db.query("SELECT * FROM short_kernels WHERE entry_id = ?", [eid])}
+             if "short_kernels" in db.table_names() else {})
     comm = {r["device"]: r for r in db.query("SELECT * FROM comm WHERE entry_id = ?", [eid])}
     comm_cats = _by_device(db.query("SELECT device, category, collective_ms_per_step, wait_ms_per_step "
                                     "FROM comm_categories WHERE entry_id = ? ORDER BY device, position", [eid]))
@@ -76,8 +79,12 @@ def budget_dict(db, entry: dict) -> dict:
         out["categories"] = _category_rows(cats.get(dev, []), out["mean_step_ms"])
         if all("share" in c for c in out["categories"]):
             out["idle_share"] = out["idle_ms_per_step"] / out["mean_step_ms"] if out["mean_step_ms"] else 0.0
-        out["kernels"] = [_drop_device(k) for k in kernels.get(dev, [])]
+        out["kernels"] = [{**_drop_device(k), "mean_us": 1e3 * k["ms_per_step"] / k["count_per_step"]
+                           if k["count_per_step"] else 0.0, "shapes": shapes.get((dev, i), [])}
+                          for i, k in enumerate(kernels.get(dev, []))]
         out["unclassified_share"] = d["unclassified_share"]
+        if dev in short:
+            out["short_kernels"] = {k: short[dev][k] for k in ("under_us", "count_per_step", "ms_per_step", "share")}
         out["outside_steps"] = {"ops": d["outside_steps_ops"], "ms": d["outside_steps_ms"]}
         if dev in comm:
             out["comm"] = {k: comm[dev][k] for k in TABLES["comm"][0] if k not in ("entry_id", "device")}
@@ -114,6 +121,24 @@ def _category_rows(rows: list, mean_step_ms: float) -> list:
         else:
             c["share"] = c["exclusive_ms_per_step"] / mean_step_ms if mean_step_ms else 0.0
         out.append(c)
+    return out
+
+
+def _shapes_by_kernel(db, eid: int) -> dict:
+    """(device, kernel position) -> its shapes as the budget lists them (none in ledgers made before shapes)."""
+    if "kernel_shapes" not in db.table_names():
+        return {}
+    out: dict = {}
+    for r in db.query("SELECT * FROM kernel_shapes WHERE entry_id = ? ORDER BY device, kernel_position, position",
+                      [eid]):
+        shape = None if r["grid_x"] is None else {
+            "grid": [r["grid_x"], r["grid_y"], r["grid_z"]], "block": [r["block_x"], r["block_y"], r["block_z"]],
+            "registers_per_thread": r["registers_per_thread"]}
+        if shape is not None and r.get("gemm_n") is not None:  # gemm_m NULL: N and K borrowed, M not known
+            shape["gemm"] = {"m": r["gemm_m"], "n": r["gemm_n"], "k": r["gemm_k"]}
+        out.setdefault((r["device"], r["kernel_position"]), []).append({
+            "shape": shape, "label": r["label"], **{c: r[c] for c in ("ms_per_step", "count_per_step", "mean_us",
+                                                                       "share")}})
     return out
 
 

@@ -22,6 +22,7 @@ from typing import Sequence
 
 from profattr.attribute.graph_launch import describe as describe_tracing
 from profattr.report.budget_view import category_share, exclusive_ms
+from profattr.report.shapes import shape_rows
 
 try:  # Python 3.11+
     import tomllib as _toml
@@ -127,13 +128,17 @@ def category_reason(device: dict, category: str, gap_device: dict | None = None)
     kernels = [k for k in device["kernels"] if k["category"] == category]
     if not kernels:
         return "no kernels"
-    top = kernels[0]
+    # the category's longest launch shape speaks for it: a per-name mean over shapes (an lm_head among small GEMMs
+    # of the same kernel) describes none of its launches
+    shapes = shape_rows({"kernels": kernels})
+    top = shapes[0]
     mean_ms = top["ms_per_step"] / top["count_per_step"] if top["count_per_step"] else 0.0
-    text = f"{_short(top['name'])} ×{top['count_per_step']:.0f}/step at {_us(mean_ms)} each"
-    rest = kernels[1:]
+    label = f" ({top['label']})" if top["label"] and top["shapes_of_name"] > 1 else ""
+    text = f"{_short(top['name'])}{label} ×{top['count_per_step']:.0f}/step at {_us(mean_ms)} each"
+    rest = shapes[1:]
     if rest:
-        text += (f", plus {len(rest)} other kernel{'s' if len(rest) > 1 else ''} "
-                 f"({sum(k['ms_per_step'] for k in rest):.3f} ms)")
+        text += (f", plus {len(rest)} other kernel launch shape{'s' if len(rest) > 1 else ''} "
+                 f"({sum(r['ms_per_step'] for r in rest):.3f} ms)")
     count = sum(k["count_per_step"] for k in kernels)
     total = sum(k["ms_per_step"] for k in kernels)
     if count >= MANY_KERNELS and count and 1e3 * total / count <= SHORT_KERNEL_US:

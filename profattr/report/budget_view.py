@@ -6,6 +6,7 @@ import csv
 import io
 
 from profattr.report.escape import md_escape
+from profattr.report.shapes import short_kernel_line, shape_rows
 from profattr.text import clean_tree
 
 TOP_KERNELS = 15
@@ -110,10 +111,13 @@ def render_table(budget: dict, top: int = TOP_KERNELS) -> str:
                 lines.append(f"  {layer_name(layer['layer']):<24}{_fmt_ms(layer['ms_per_step']):>10}"
                              f"{layer['count_per_step']:>12.2f}{100.0 * layer['ms_per_step'] / total:>7.1f}%  "
                              f"{_short(_top_categories(layer), 70)}")
-        lines.append("  top kernels:")
-        for k in d["kernels"][:top]:
-            lines.append(f"  {_fmt_ms(k['ms_per_step']):>10} ms {k['count_per_step']:>7.2f}x  "
-                         f"{k['category']:<20} {_short(k['name'])}")
+        lines.append("  top kernels (per launch shape):")
+        for k in shape_rows(d)[:top]:
+            lines.append(f"  {_fmt_ms(k['ms_per_step']):>10} ms {k['count_per_step']:>7.2f}x {k['mean_us']:>8.1f} us  "
+                         f"{k['category']:<20} {_short(k['name'], 60)}{'  ' + k['label'] if k['label'] else ''}")
+        short = short_kernel_line(d)
+        if short:
+            lines.append(f"  {short}")
         uncl = [k for k in d["kernels"] if k["category"] == "unclassified"][:5]
         if uncl:
             lines.append("  top unclassified (add a rule with --rules FILE):")
@@ -157,6 +161,13 @@ def render_csv(budget: dict) -> str:
                         exclusive_ms(c), overlapped_ms(c), category_share(c, d)])
         for k in d["kernels"]:
             w.writerow([d["device"], "kernel", k["category"], k["demangled"], k["ms_per_step"], k["count_per_step"]])
+            for sh in k.get("shapes") or []:  # its launch shapes, after it (they sum to it)
+                w.writerow([d["device"], "kernel_shape", k["category"], f"{k['demangled']} [{sh['label']}]",
+                            sh["ms_per_step"], sh["count_per_step"]])
+        short = d.get("short_kernels")
+        if short:
+            w.writerow([d["device"], "short_kernels", "", f"under {short['under_us']:g} us", short["ms_per_step"],
+                        short["count_per_step"]])
         for layer in d.get("layers") or []:
             name = layer_name(layer["layer"])
             w.writerow([d["device"], "layer", "", name, layer["ms_per_step"], layer["count_per_step"]])
@@ -199,11 +210,15 @@ def render_markdown(budget: dict, top: int = TOP_KERNELS) -> str:
                            f"{100.0 * layer['ms_per_step'] / max(d['mean_step_ms'], 1e-12):.1f}% | "
                            f"{md_escape(_top_categories(layer))} |")
         out.append("")
-        out.append("| kernel | category | ms/step | count/step |")
-        out.append("|---|---|---:|---:|")
-        for k in d["kernels"][:top]:
-            out.append(f"| {md_escape(_short(k['name'], 80))} | {md_escape(k['category'])} | "
-                       f"{k['ms_per_step']:.3f} | {k['count_per_step']:.2f} |")
+        out.append("| kernel | launch shape | category | ms/step | count/step | µs per call |")
+        out.append("|---|---|---|---:|---:|---:|")
+        for k in shape_rows(d)[:top]:
+            out.append(f"| {md_escape(_short(k['name'], 80))} | {md_escape(k['label'])} | {md_escape(k['category'])} | "
+                       f"{k['ms_per_step']:.3f} | {k['count_per_step']:.2f} | {k['mean_us']:.1f} |")
+        short = short_kernel_line(d)
+        if short:
+            out.append("")
+            out.append(md_escape(short[0].upper() + short[1:]) + ".")
         out.append("")
         out.append(f"Classified: {100.0 * (1 - d['unclassified_share']):.1f}% of GPU time.")
     return "\n".join(out)

@@ -163,9 +163,23 @@ def capture_gap(budget: dict, sqlite: Path, run: Optional[dict], run_path: Optio
             spec = spec_from_workload(record, source=source)
         else:
             spec = spec_from_run(run, source=source, tp=None, context_len=None, kv_dtype=None, dsa_runs=hw.dsa_runs)
-        return compute_gap(budget, spec, hw, capture_gpus=gpus), None
+        gap = compute_gap(budget, spec, hw, capture_gpus=gpus)
+        _add_lm_head(gap, budget, spec)
+        return gap, None
     except ProfattrError as exc:
         return None, f"skipped: {exc.format_message()}"
+
+
+def _add_lm_head(gap: dict, budget: dict, spec) -> None:
+    """Each gap device's `lm_head`: the logits projection's launch shape and its own efficiency against its weight
+    bytes (limits/kernel_floor.py lm_head_rows), where the budget has that shape."""
+    from profattr.limits.kernel_floor import lm_head_rows
+
+    for d in gap.get("devices") or []:
+        rows = lm_head_rows({"devices": [x for x in budget["devices"] if x["device"] == d["device"]]}, spec,
+                            float(d.get("memory_bandwidth_bytes_per_s") or 0.0))
+        if d["device"] in rows:
+            d["lm_head"] = rows[d["device"]]
 
 
 def evidence_summary(captures: Sequence[CaptureReport], rules: Sequence = ()) -> dict:

@@ -14,6 +14,7 @@ from profattr.report.escape import md_escape
 from profattr.report.bottlenecks import ranks_diff
 from profattr.report.md_diff import diff_explanation, diff_section  # noqa: F401  (diff_explanation: for callers)
 from profattr.report.md_runtime import launch_section, tp_section
+from profattr.report.shapes import short_kernel_line, shape_rows
 from profattr.report.md_table import (  # noqa: F401  (code_block: for campaign.py)
     _devices_label, _multi_device, _pct, _short, _table, code_block)
 
@@ -296,17 +297,40 @@ def top_kernels_section(data) -> list:
             out.append(f"### {_devices_label(cap, d)}")
             out.append("")
             rows = []
-            for k in d["kernels"][:TOP_KERNELS]:
-                mean_us = 1e3 * k["ms_per_step"] / k["count_per_step"] if k["count_per_step"] else 0.0
-                rows.append([md_escape(_short(k["name"])), md_escape(k["category"]), f"{k['ms_per_step']:.3f}",
-                             f"{k['count_per_step']:.2f}", f"{mean_us:.1f}", _pct(k["ms_per_step"] / step)])
-            out += _table(["kernel", "category", "ms/step", "count/step", "µs per call", "share"], rows)
-            more = len(d["kernels"]) - TOP_KERNELS
+            by_shape = shape_rows(d)  # one row per (name, grid, block, registers): a name's launches can differ
+            for k in by_shape[:TOP_KERNELS]:
+                rows.append([md_escape(_short(k["name"])), md_escape(k["label"]), md_escape(k["category"]),
+                             f"{k['ms_per_step']:.3f}", f"{k['count_per_step']:.2f}", f"{k['mean_us']:.1f}",
+                             _pct(k["ms_per_step"] / step)])
+            out += _table(["kernel", "launch shape", "category", "ms/step", "count/step", "µs per call", "share"],
+                          rows)
+            more = len(by_shape) - TOP_KERNELS
             if more > 0:
-                out += ["", f"{more} more kernel name{'s' if more > 1 else ''} "
-                            f"({sum(k['ms_per_step'] for k in d['kernels'][TOP_KERNELS:]):.3f} ms/step)."]
+                out += ["", f"{more} more kernel launch shape{'s' if more > 1 else ''} "
+                            f"({sum(k['ms_per_step'] for k in by_shape[TOP_KERNELS:]):.3f} ms/step)."]
+            short = short_kernel_line(d)
+            if short:
+                out += ["", md_escape(short[0].upper() + short[1:]) + "."]
+            lm = next((g.get("lm_head") for g in (cap.gap or {}).get("devices") or []
+                       if g.get("device") == d["device"] and g.get("lm_head")), None)
+            if lm:
+                out += ["", md_escape(lm_head_sentence(lm))]
             out.append("")
     return out
+
+
+def lm_head_sentence(lm: dict) -> str:
+    """The logits projection's own row: its shape, time, weight bytes and efficiency, against the rest of its
+    kernel name (whose mean over every shape hides it)."""
+    text = (f"Logits projection (lm_head): {lm['name']} {lm['label']}, once per step, {lm['mean_us']:.1f} µs; it "
+            f"reads {lm['weight_bytes'] / 1e6:.0f} MB of weights per step, {lm['achieved_bytes_per_s'] / 1e12:.2f} "
+            f"TB/s: {lm['efficiency_pct']:.1f}% of its limit ({lm['floor_ms'] * 1e3:.1f} µs at "
+            f"{lm['bandwidth_bytes_per_s'] / 1e12:.2f} TB/s)")
+    if lm.get("other_shapes"):
+        text += (f"; the name's {lm['other_shapes']} other shape{'s' if lm['other_shapes'] > 1 else ''} run "
+                 f"{lm['other_shapes_count_per_step']:.1f}x per step at {lm['other_shapes_mean_us']:.1f} µs, and its "
+                 f"per-name mean of {lm['name_mean_us']:.1f} µs describes neither")
+    return text + f". ({lm['rule'][0].upper()}{lm['rule'][1:]}.)"
 
 
 def category_chart_section(data) -> list:
