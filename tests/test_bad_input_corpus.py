@@ -426,7 +426,7 @@ CASES = [
     Case("trace-hostile-names", trace_json(lambda d: _events(d, "kernel", lambda e: e.update(
         name="x\x1b[31m\nevil" + "y" * 1000), every=3)), OK),
     Case("trace-fifo", fifo("t.trace.json.gz"), ERROR, ("FIFO",)),
-    Case("trace-empty-file", trace_json(None, name="t.json", raw=b""), ERROR, ("not a SQLite file",)),
+    Case("trace-empty-file", trace_json(None, name="t.json", raw=b""), ERROR, ("the file is empty", "torch-profiler")),
     # --- rules files --------------------------------------------------------------------------------------------
     Case("rules-invalid-toml", rules('[[rule]]\nid = "x\n'), ERROR, ("mine.toml:2", "invalid TOML")),
     Case("rules-unknown-category", rules(RULE.format(category="gemm.fp3", pattern="^x")), ERROR,

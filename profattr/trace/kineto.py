@@ -162,9 +162,13 @@ class KinetoTrace:
         self.skipped[why] = self.skipped.get(why, 0) + 1
 
     def _read(self, index: int, path: Path) -> None:
+        inputs.regular_file(path, "a torch-profiler trace (*.trace.json.gz)")
         try:
             with path.open("rb") as probe:
                 head = probe.read(2)
+            if not head:
+                raise ProfattrError(f"{path}: the file is empty, not a torch-profiler trace; copy the trace again "
+                                    "(SGLang writes it when the profiled window closes)")
             opener = gzip.open if head == b"\x1f\x8b" else open
             with opener(path, "rt", encoding="utf-8", errors="replace") as fh:
                 seen_events = False
@@ -182,7 +186,8 @@ class KinetoTrace:
         except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
             raise ProfattrError(f"{path}: a truncated or damaged gzip file ({exc}); copy the trace again") from None
         except JSONStreamError as exc:
-            raise ProfattrError(f"{path}: not a readable trace: {exc}") from None
+            raise ProfattrError(f"{path}: not a readable trace: {exc}; give a torch-profiler trace (Chrome trace "
+                                "JSON, .json or .json.gz), copied again whole") from None
         except RecursionError:
             raise ProfattrError(f"{path}: not a readable trace: JSON nested too deeply") from None
         except OSError as exc:
