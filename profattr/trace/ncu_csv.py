@@ -21,7 +21,6 @@ their sum is used instead; `dram_bytes_source` says which.
 from __future__ import annotations
 
 import csv
-import json
 import math
 import re
 from dataclasses import asdict, dataclass
@@ -170,16 +169,11 @@ def run_json_for(csv_path: Path) -> Path:
 
 def load_drill_run(csv_path: Path) -> tuple:
     """(run dict or None, its path or None): the drill's run.json beside the CSV, if readable."""
-    from profattr import inputs
+    from profattr import run_record
 
     path = run_json_for(csv_path)
-    if not inputs.is_regular_file(path):
-        return None, None
-    try:
-        run = json.loads(inputs.read_text(path, "a run.json"))
-    except (ProfattrError, ValueError, RecursionError):
-        return None, None
-    return (run, path) if isinstance(run, dict) else (None, None)
+    run = run_record.optional(path)  # one there that cannot be trusted is an error, not an unknown drill
+    return (run, path) if run is not None else (None, None)
 
 
 def _version_text(run: Optional[dict]) -> str:
