@@ -253,6 +253,7 @@ class Claims:
         self._starts = starts  # () -> GPU op start times, for a window asked for before the ops were read
         self._window = None
         self.outside_session = None  # (GPU starts, first, last) when all of them lie outside the session
+        self.replay_links = None  # graph_replays.ReplayLinks: replayed ops without a correlationId, linked or not
 
     # --- counting ------------------------------------------------------------------------------------------------
     def record(self, table: str, reason: str, rows: int) -> None:
