@@ -9,7 +9,8 @@ wrong: a missing column (with the section that collects it), no kernel rows, a t
 
 One place validates the format: a byte-order mark is ignored; a kernel row that cannot be trusted (fields missing or
 extra, text where a number belongs, no value where the verdicts need one, a negative count or duration) is left
-out, counted in `skipped` and said in one `warning:` line, and only a file with no usable row is an error. The
+out, counted in `skipped` and said in one `warning:` line (so is a row repeating an earlier row's kernel ID), and
+only a file with no usable row is an error. The
 Occupancy section is optional: without it occupancy is not reported (the verdicts need none of it) and
 `missing_sections` says so.
 
@@ -302,10 +303,14 @@ def read_ncu_csv(path, run: Optional[dict] = None) -> NcuCsv:
     if len(data[-1]) < len(header):  # the file was cut short: what else is missing cannot be told
         raise ProfattrError(f"{path}: row {len(rows)} has {len(data[-1])} fields where the header has {len(header)}: "
                             "the CSV is truncated; export the drill's report again")
-    kernels, skipped, first = [], {}, None
+    kernels, skipped, first, seen = [], {}, None, set()
     for i, row in enumerate(data):
         try:
-            kernels.append(_kernel(i + 3, row, header, col, factors))
+            kernel = _kernel(i + 3, row, header, col, factors)
+            if kernel.id in seen:  # ncu numbers the launches of a report once each: a repeat is a copy
+                raise DamagedRow("repeating an earlier row's kernel ID", f"row {i + 3} repeats kernel ID {kernel.id}")
+            seen.add(kernel.id)
+            kernels.append(kernel)
         except DamagedRow as exc:
             skipped[exc.reason] = skipped.get(exc.reason, 0) + 1
             first = first or exc.detail
