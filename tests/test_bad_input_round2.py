@@ -458,3 +458,104 @@ def test_bad_input_round2(tmp_path, case):
             assert lines == [], lines
         assert out.strip(), "a usable input gives a result"
     assert snapshot(folder) == before, "an input changed, or something was created beside it"
+
+
+# --- what the readers make of the odd-but-valid inputs: checked against the real files themselves ---------------
+
+from badinput import REAL_EXPORT, REAL_NCU  # noqa: E402
+from independent import expected_graph  # noqa: E402
+from test_budget_real import compare  # noqa: E402
+
+
+def _budget_json(*argv, env=None) -> dict:
+    proc = cli("budget", *argv, "--format", "json", env={"PROFATTR_NO_CACHE": "1", **(env or {})})
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    return json.loads(proc.stdout)
+
+
+@pytest.mark.parametrize("by", ["category", "layer"])  # the op store's windows, and the whole-array reader
+def test_replayed_kernels_recorded_with_correlation_zero_reach_their_steps(tmp_path, by):
+    cap = copy_export(tmp_path)
+    zeroed = zero_graph_correlations(cap)
+    left = sqlite3.connect(cap).execute(f"SELECT count(*) FROM {KERNEL} WHERE correlationId = 0").fetchone()[0]
+    assert zeroed == left == 2660  # every replayed kernel lost its id
+    extra = ["--by", "layer"] if by == "layer" else []
+    compare(_budget_json(cap, *extra, env={"PROFATTR_WINDOW_OPS": "500"}), expected_graph(REAL_EXPORT))
+
+
+def test_check_names_replays_that_cannot_be_linked(tmp_path):
+    cap = copy_export(tmp_path)
+    zeroed = zero_graph_correlations(cap)
+    proc = cli("check", cap, "--format", "json")
+    findings = {f["check"]: f for f in json.loads(proc.stdout)["findings"]}
+    assert findings["graph_replay_ids"]["status"] == "pass"
+    assert findings["graph_replay_ids"]["data"]["linked"] == zeroed
+    sql(cap, f"DELETE FROM {RUNTIME} WHERE rowid = (SELECT r.rowid FROM {RUNTIME} AS r JOIN StringIds AS s ON "
+             "s.id = r.nameId WHERE s.value LIKE 'cudaGraphLaunch%' ORDER BY r.start LIMIT 1 OFFSET 5)")
+    proc = cli("check", cap, "--format", "json")
+    found = {f["check"]: f for f in json.loads(proc.stdout)["findings"]}["graph_replay_ids"]
+    assert found["status"] == "fail" and found["data"]["unlinked"] == zeroed and found["data"]["linked"] == 0
+    assert "19 replays but 18 cudaGraphLaunch calls" in found["message"]
+
+
+def test_work_outside_the_session_is_said_and_budgeted_as_recorded(tmp_path):
+    cap = shift_times(copy_export(tmp_path), 2 * 86_400 * 10 ** 9)
+    duration = sqlite3.connect(REAL_EXPORT).execute("SELECT duration FROM ANALYSIS_DETAILS").fetchone()[0]
+    proc = cli("budget", cap, "--format", "json", env={"PROFATTR_NO_CACHE": "1"})
+    assert f"ANALYSIS_DETAILS: 0..{duration} ns" in stderr_lines(proc)[0]
+    compare(json.loads(proc.stdout), expected_graph(REAL_EXPORT))
+
+
+def test_a_trace_in_array_form_or_repeated_gives_the_object_forms_budget(tmp_path):
+    doc = trace_doc()
+    gpu_events = sum(1 for e in doc["traceEvents"] if isinstance(e, dict) and e.get("ph") == "X"
+                     and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"))
+    whole = _budget_json(write_trace(tmp_path / "a", doc))
+    array = _budget_json(write_trace(tmp_path / "b", doc["traceEvents"], name="t.json"))
+    twice = _budget_json(write_trace(tmp_path / "c", dict(doc, traceEvents=doc["traceEvents"] * 2)))
+    assert array["devices"] == whole["devices"] and twice["devices"] == whole["devices"]
+    repeated = twice["capture"]["skipped_rows"]["trace events"]
+    assert repeated["GPU events repeated exactly (the same event twice)"] == gpu_events
+
+
+def _drill(path) -> dict:
+    proc = cli("drill-report", path, "--format", "json", "--accept-partial")
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    return json.loads(proc.stdout)
+
+
+def _expected_verdict(row: dict) -> str:
+    """The verdict of one launch from its CSV numbers (the thresholds README states: 60% of peak, 0.5 waves)."""
+    dram = float(row["gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed"])
+    sm = float(row["sm__throughput.avg.pct_of_peak_sustained_elapsed"])
+    mem = float(row["gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed"])
+    waves = float(row["launch__waves_per_multiprocessor"])
+    if max(dram, mem) >= 60 and max(dram, mem) >= sm:
+        return "memory_bound"
+    if sm >= 60:
+        return "compute_bound"
+    return "too_few_ctas" if waves < 0.5 else "latency_bound"
+
+
+def test_ncu_csv_without_occupancy_or_with_a_bom_keeps_every_verdict(tmp_path):
+    rows = ncu_rows()
+    by_id = {r[0]: dict(zip(rows[0], r)) for r in rows[2:]}
+    bom = write_ncu(tmp_path / "bom", raw=b"\xef\xbb\xbf" + REAL_NCU.read_bytes())
+    keep = [i for i, n in enumerate(rows[0]) if n not in OCCUPANCY]
+    bare = write_ncu(tmp_path / "bare", [[r[i] for i in keep] for r in rows])
+    for path, occupancy in ((bom, True), (bare, False)):
+        kernels = _drill(path)["kernels"]
+        assert sorted(str(k["id"]) for k in kernels) == sorted(by_id)
+        for k in kernels:
+            assert k["verdict"]["kind"] == _expected_verdict(by_id[str(k["id"])])
+            expected = float(by_id[str(k["id"])][OCCUPANCY[0]]) if occupancy else None
+            assert k["achieved_occupancy_pct"] == expected
+
+
+def test_ncu_damaged_row_is_left_out_and_counted(tmp_path):
+    rows = ncu_rows()
+    damaged_id = rows[4][0]
+    rows[4][rows[0].index(DURATION)] = "12,5 us"
+    analysis = _drill(write_ncu(tmp_path, rows))
+    assert analysis["drill"]["skipped_rows"] == {"with text where a number belongs": 1}
+    assert sorted(str(k["id"]) for k in analysis["kernels"]) == sorted(r[0] for r in rows[2:] if r[0] != damaged_id)
