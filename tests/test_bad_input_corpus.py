@@ -392,7 +392,8 @@ CASES = [
                                          f'rowid % 2 = 0'), WARNING, ("range end before start",)),
     Case("all-times-negative", budget(*(f'UPDATE {t} SET start = start - 100000000000, "end" = "end" - 100000000000'
                                         for t in (KERNEL, RUNTIME, NVTX, "CUPTI_ACTIVITY_KIND_MEMCPY",
-                                                  "CUDA_GRAPH_EVENTS"))), OK),
+                                                  "CUDA_GRAPH_EVENTS"))), WARNING,
+         ("outside the session nsys recorded",)),
     # --- correlation ids and NVTX ranges --------------------------------------------------------------------------
     Case("duplicate-correlation-ids", duplicate_launches, OK),
     Case("dangling-correlation-ids", budget(f"UPDATE {KERNEL} SET correlationId = correlationId + 1000000000 "
