@@ -217,7 +217,6 @@ def execute(opts: Options, url: str, echo: Echo) -> tuple:
     url = f"http://{host}:{port}"
     _check_options(opts)
     client = sglang.Client(host, port)
-    echo(f"attaching to {url} (no launch; the server is left running)")
     about = probe(client, url, opts.health_timeout_s, echo)
     p = attached_plan(opts, url, about)
     prepare_outputs(p)
@@ -225,7 +224,7 @@ def execute(opts: Options, url: str, echo: Echo) -> tuple:
     runs = {w.name: window_run(p, base, w) for w in p.windows}
     for w in p.windows:
         write_run(p.window_path(w, "run"), runs[w.name])
-    echo(f"{url} serves {p.options.model} (SGLang {base['server']['sglang_version']}, tp {p.options.tp}, MoE "
+    echo(f"attached to {url} (no launch; the server is left running): it serves {p.options.model} (SGLang {base['server']['sglang_version']}, tp {p.options.tp}, MoE "
          f"runner {p.backend_sglang}); windows: {', '.join(w.name for w in p.windows)}")
     error, interrupted = None, False
     started = time.monotonic()
