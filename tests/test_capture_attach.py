@@ -126,7 +126,7 @@ def server(tmp_path):
 
 def capture_args(url: str, out: Path, **kw) -> list:
     o = dict(SGL, **kw)
-    args = ["capture", "--server", url, "-o", str(out)]
+    args = ["capture", "--server", url, "-o", str(out)] + (["--dry-run"] if o.pop("dry_run", False) else [])
     for key in ("steps", "warmup", "trials", "input_len", "max_new_tokens", "batch", "repeat", "name"):
         if key in o:
             args += ["--" + key.replace("_", "-"), str(o[key])]
@@ -382,3 +382,14 @@ def test_attach_output_folder_the_server_cannot_write(server, tmp_path, monkeypa
     run = json.loads(next(out.glob("*.run.json")).read_text())
     assert run["status"] == "failed" and run["window"]["closed_by"] == "num_steps"
     assert b"could not export the trace" in (tmp_path / "server0" / "server.log").read_bytes()
+
+
+def test_attach_dry_run_contacts_nothing(tmp_path):
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens: a dry run must not need the server
+    result = invoke(capture_args(url, tmp_path / "out", batch="1,4", repeat=2, dry_run=True))
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert f"curl -s {url}/get_server_info" in lines
+    starts = [line for line in lines if "/start_profile" in line]
+    assert len(starts) == 4 and all('"activities":["CPU","GPU"]' in line for line in starts)
+    assert not (tmp_path / "out").exists()

@@ -168,7 +168,7 @@ def _window(p: Plan, client, requests, w, run: dict, echo: Echo) -> None:
     window = run["window"]
     try:
         drive.profile_window(p, client, requests, w, run, echo)
-    except DriveError as exc:
+    except DriveError:
         status = window.get("start_profile_status")
         if status is not None and status != 200:
             raise DriveError(f"the server refused to open window {w.name}: POST /start_profile answered {status} "
@@ -224,8 +224,9 @@ def execute(opts: Options, url: str, echo: Echo) -> tuple:
     runs = {w.name: window_run(p, base, w) for w in p.windows}
     for w in p.windows:
         write_run(p.window_path(w, "run"), runs[w.name])
-    echo(f"attached to {url} (no launch; the server is left running): it serves {p.options.model} (SGLang {base['server']['sglang_version']}, tp {p.options.tp}, MoE "
-         f"runner {p.backend_sglang}); windows: {', '.join(w.name for w in p.windows)}")
+    echo(f"attached to {url} (no launch; the server is left running): it serves {p.options.model} (SGLang "
+         f"{base['server']['sglang_version']}, tp {p.options.tp}, MoE runner {p.backend_sglang}); windows: "
+         f"{', '.join(w.name for w in p.windows)}")
     error, interrupted = None, False
     started = time.monotonic()
     with _sigterm_as_interrupt():
