@@ -201,6 +201,7 @@ def test_attached_run_json_records_what_the_server_says(attached):
         assert run["server"]["server_info"]["tp_size"] == srv.tp
         assert run["server"]["model_info"]["model_path"] == str(srv.model)
         assert run["model"] == str(srv.model) and run["model_config"] == srv.config and run["tp"] == srv.tp
+        assert run["model_config_source"] == str(srv.model / "config.json")
         assert run["backend"]["sglang"] == srv.backend
         assert run["server_log"]["source"] == "server_info"
         assert run["server_log"]["resolved"]["moe_runner_backend"] == srv.backend
@@ -393,3 +394,23 @@ def test_attach_dry_run_contacts_nothing(tmp_path):
     starts = [line for line in lines if "/start_profile" in line]
     assert len(starts) == 4 and all('"activities":["CPU","GPU"]' in line for line in starts)
     assert not (tmp_path / "out").exists()
+
+
+def test_served_model_config_from_the_hub_cache(tmp_path, monkeypatch):
+    """A server started with a Hugging Face id: its config.json is read from this host's hub cache (the newest
+    snapshot); an id with no snapshot here gives none, and so does a folder without config.json."""
+    from profattr.capture.attach import served_model_config
+
+    config = json.loads(RECORDED.read_text())["model_config"]
+    snapshots = tmp_path / "hub" / "models--zai-org--GLM-5" / "snapshots"
+    old, new = snapshots / "aaa", snapshots / "bbb"
+    for folder, cfg in ((old, {"model_type": "old"}), (new, config)):
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text(json.dumps(cfg))
+    os.utime(old / "config.json", (1, 1))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    got, where = served_model_config("zai-org/GLM-5")
+    assert got == config and "bbb" in where
+    assert served_model_config("zai-org/absent") == (None, None)
+    (tmp_path / "empty").mkdir()
+    assert served_model_config(str(tmp_path / "empty")) == (None, None)

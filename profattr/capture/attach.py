@@ -18,16 +18,18 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import time
 import urllib.error
 from dataclasses import replace
 from typing import Callable
+from pathlib import Path
 from urllib.parse import urlsplit
 
 from profattr.capture import drive, serverlog, sglang
 from profattr.capture.drive import DriveError
 from profattr.capture.outputs import finish_outputs, prepare_outputs, write_run
-from profattr.capture.plan import WINDOW_MARGIN_TOKENS, Options, Plan, _default_name, windows_of
+from profattr.capture.plan import HF_REPO_ID, WINDOW_MARGIN_TOKENS, Options, Plan, _default_name, windows_of
 from profattr.capture.run import _sigterm_as_interrupt, initial_run, model_config, window_run
 from profattr.check import FAIL
 from profattr.errors import ProfattrError
@@ -147,7 +149,8 @@ def attached_run(p: Plan, url: str, about: dict) -> dict:
     run["commands"] = {"server_url": url}
     run["backend"] = {"requested": p.backend_sglang, "sglang": p.backend_sglang,
                       "note": "an attached server: the MoE runner its server info names (nothing was requested)"}
-    run["model_config"] = model_config(p.options.model)
+    run["model_config"], where = served_model_config(p.options.model)
+    run["model_config_source"] = where
     scalars = {k: v for k, v in args.items() if k != "internal_states"}
     run["server"] = {"attached": True, "url": url, "host": p.options.host, "port": p.options.port, "args": [],
                      "launcher": None, "sglang_version": args.get("version"),
@@ -161,6 +164,35 @@ def attached_run(p: Plan, url: str, about: dict) -> dict:
         run["notes"].append(f"the model's config.json is not readable on this host ({p.options.model}/config.json): "
                             "`profattr gap` needs --model for this capture")
     return run
+
+
+def hub_snapshot(model: str) -> Path | None:
+    """The newest local snapshot folder of a Hugging Face repository id in this host's hub cache ($HF_HUB_CACHE,
+    else $HF_HOME/hub, else ~/.cache/huggingface/hub), where a server started with that id finds its files."""
+    if not HF_REPO_ID.match(model) or Path(model).expanduser().exists():
+        return None
+    hub = os.environ.get("HF_HUB_CACHE") or (Path(os.environ["HF_HOME"]) / "hub" if os.environ.get("HF_HOME")
+                                              else Path.home() / ".cache" / "huggingface" / "hub")
+    snapshots = Path(hub) / ("models--" + model.replace("/", "--")) / "snapshots"
+    try:
+        found = [d for d in snapshots.iterdir() if (d / "config.json").is_file()]
+    except OSError:
+        return None
+    return max(found, key=lambda d: (d / "config.json").stat().st_mtime) if found else None
+
+
+def served_model_config(model: str) -> tuple:
+    """(config.json of the served model or None, where it was read): the model folder, or for a Hugging Face id
+    its snapshot in this host's hub cache."""
+    config = model_config(model)
+    if config is not None:
+        return config, str(Path(model) / "config.json")
+    snapshot = hub_snapshot(model)
+    if snapshot is not None:
+        config = model_config(str(snapshot))
+        if config is not None:
+            return config, f"the Hugging Face hub cache snapshot {snapshot.name} of {model}"
+    return None, None
 
 
 def _window(p: Plan, client, requests, w, run: dict, echo: Echo) -> None:
