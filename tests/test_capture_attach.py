@@ -414,3 +414,18 @@ def test_served_model_config_from_the_hub_cache(tmp_path, monkeypatch):
     assert served_model_config("zai-org/absent") == (None, None)
     (tmp_path / "empty").mkdir()
     assert served_model_config(str(tmp_path / "empty")) == (None, None)
+
+
+def test_attach_does_not_replace_an_earlier_capture_without_force(server, tmp_path):
+    srv = server(tp=1)
+    out = tmp_path / "out"
+    out.mkdir()
+    earlier = out / "mine.run.json"
+    earlier.write_text("{}")
+    assert_one_line_error(invoke(capture_args(srv.url, out, name="mine")), "already exists", "--force")
+    assert earlier.read_text() == "{}"
+    assert "start_profile" not in [e["event"] for e in srv.since_ready()]
+    result = invoke(capture_args(srv.url, out, name="mine") + ["--force"])
+    assert result.exit_code == 1, result.output  # the stub's kernel is no CUTLASS GEMM: the backend check fails
+    assert json.loads(earlier.read_text())["server"]["attached"] is True
+    assert (out / "mine-TP-0.trace.json.gz").exists()

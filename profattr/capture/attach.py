@@ -16,9 +16,12 @@ profile is already in progress) opened nothing, so nothing is stopped: someone e
 """
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
+import signal
+import threading
 import time
 import urllib.error
 from dataclasses import replace
@@ -195,6 +198,33 @@ def served_model_config(model: str) -> tuple:
     return None, None
 
 
+@contextlib.contextmanager
+def _signals_held():
+    """Ctrl-C and SIGTERM wait while the profiler is being stopped (a second Ctrl-C must not leave it running)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held = []
+    previous = {s: signal.signal(s, lambda signum, frame: held.append(signum)) for s in (signal.SIGINT,
+                                                                                         signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    if held:
+        raise KeyboardInterrupt
+
+
+def _stop_profile(client) -> int | None:
+    """POST /stop_profile; its status, None when the server cannot be reached."""
+    with _signals_held():
+        try:
+            return client.call("/stop_profile", {}, timeout_s=PROBE_TIMEOUT_S)[0]
+        except NET_ERRORS:
+            return None
+
+
 def _window(p: Plan, client, requests, w, run: dict, echo: Echo) -> None:
     """One window, and /stop_profile on every way out when profattr opened it and did not close it yet."""
     window = run["window"]
@@ -210,10 +240,7 @@ def _window(p: Plan, client, requests, w, run: dict, echo: Echo) -> None:
         raise
     finally:
         if window.get("start_profile_status") == 200 and "stop_profile_status" not in window:
-            try:
-                status, _ = client.call("/stop_profile", {}, timeout_s=PROBE_TIMEOUT_S)
-            except NET_ERRORS:
-                status = None
+            status = _stop_profile(client)
             window.update({"stop_profile_status": status, "closed_utc_s": time.time(),
                            "closed_by": "stop_profile (profattr stopping early)" if status == 200 else
                            f"unknown (/stop_profile {'answered ' + str(status) if status else 'unreachable'})"})
