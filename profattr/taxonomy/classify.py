@@ -18,6 +18,8 @@ names with ``--rules``. A rules file holds::
     evidence = "observed"           # observed | source | derived (user files may also say "user")
     nvtx = '(?i)moe|experts'        # optional: applies only inside an NVTX range matching this regex
     priority = 240                  # optional: overrides the file's priority
+    strength = "weak"               # optional: strong (default) or weak; a weak rule is a naming-convention
+                                    # guess or a generic fallback, and the launch context may overrule it
     note = "..."                    # optional
 
 User patterns (``pattern`` and ``nvtx`` of files given with ``--rules``) are bounded when loaded: a pattern that
@@ -49,9 +51,10 @@ from profattr.regexguard import capped, compile_user
 RULES_DIR = Path(__file__).with_name("rules")
 UNCLASSIFIED = "unclassified"
 EVIDENCE = ("observed", "source", "derived", "user")
+STRENGTHS = ("strong", "weak")
 DEFAULT_PRIORITY = 500
 
-_RULE_KEYS = ("id", "category", "pattern", "family", "source", "evidence", "nvtx", "priority", "note")
+_RULE_KEYS = ("id", "category", "pattern", "family", "source", "evidence", "nvtx", "priority", "note", "strength")
 _REQUIRED_SHIPPED = ("id", "category", "pattern", "family", "source", "evidence")
 _REQUIRED_USER = ("id", "category", "pattern")
 _TOP_KEYS = ("priority", "rule", "category")
@@ -85,6 +88,7 @@ class Rule:
     origin: str
     user: bool = False
     note: str = ""
+    strength: str = "strong"
     regex: "re.Pattern[str]" = field(repr=False, compare=False, default=None)  # type: ignore[assignment]
 
 
@@ -330,7 +334,7 @@ def _build_rule(raw: _RawRule, categories: dict[str, Category]) -> Rule:
         value = table.get(key)
         if not isinstance(value, str) or not value:
             raise ProfattrError(f"{where(key)}: {label}: '{key}' is required and must be a non-empty string")
-    for key in ("family", "source", "evidence", "nvtx", "note"):
+    for key in ("family", "source", "evidence", "nvtx", "note", "strength"):
         if key in table and not isinstance(table[key], str):
             raise ProfattrError(f"{where(key)}: {label}: '{key}' must be a string")
 
@@ -342,6 +346,9 @@ def _build_rule(raw: _RawRule, categories: dict[str, Category]) -> Rule:
     if evidence not in EVIDENCE:
         raise ProfattrError(f"{where('evidence')}: {label}: evidence must be one of {', '.join(EVIDENCE)}, "
                             f"got '{evidence}'")
+    strength = table.get("strength", "strong")
+    if strength not in STRENGTHS:
+        raise ProfattrError(f"{where('strength')}: {label}: strength must be strong or weak, got '{strength}'")
     priority = table.get("priority", raw.file_priority)
     if not isinstance(priority, int) or isinstance(priority, bool):
         raise ProfattrError(f"{where('priority')}: {label}: priority must be an integer, got {priority!r}")
@@ -354,7 +361,7 @@ def _build_rule(raw: _RawRule, categories: dict[str, Category]) -> Rule:
         _compile(nvtx, where("nvtx"), label, "nvtx", raw.user)
     return Rule(id=rid, category=category, pattern=table["pattern"], family=table.get("family", "user"),
                 source=table.get("source", ""), evidence=evidence, nvtx=nvtx, priority=priority,
-                origin=raw.origin, user=raw.user, note=table.get("note", ""), regex=regex)
+                origin=raw.origin, user=raw.user, note=table.get("note", ""), strength=strength, regex=regex)
 
 
 def _compile(pattern: str, where: str, label: str, key: str, user: bool = False) -> "re.Pattern[str]":
