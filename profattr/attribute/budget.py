@@ -29,6 +29,7 @@ from profattr.attribute.nvtx import Ranges, enclosed, load_ranges
 from profattr.attribute.steps import Steps, find_steps
 from profattr.errors import ProfattrError
 from profattr.regexguard import MAX_MATCH_CHARS
+from profattr.attribute.context import evidence_report, torch_op_bits
 from profattr.taxonomy.classify import load_rules
 from profattr.trace.ops import Ops
 from profattr.trace.source import open_trace
@@ -318,6 +319,8 @@ def attribute(export, steps_spec: str, ruleset, mapping: Attribution | None = No
         method = (f"mapping capture {result.path}: {int((take & inside).sum())} replayed ops placed by their order "
                   f"within the step, {result.name_mismatches} of {result.ops_compared} ops without a same-named "
                   f"match, {int(((status == STATUS_UNPLACED) & inside).sum())} unplaced")
+    keys, torch_mask = torch_op_bits(export, ops, ruleset, len(patterns))
+    patterns, mask = patterns + keys, mask | torch_mask  # the launching torch operator (torch traces)
     combo, combos = classify_masks(export, ops, mask, patterns, ruleset)
     return Attribution(ops=ops, step=step, combo=combo, combos=combos, steps=steps, ranges=ranges,
                        context_method=method, ctx_tid=placement.tid, ctx_ns=placement.t_ns, status=status,
@@ -362,7 +365,16 @@ def summarize(export, att: Attribution) -> Budget:
     budget = assemble(export, att.steps, att.context_method, att.combos, *tables,
                       att.placement() if att.status is not None else None)
     add_comm(budget, att)
+    add_evidence(budget, export, att)
     return budget
+
+
+def add_evidence(budget: Budget, export, att: Attribution) -> None:
+    """Per device `evidence` (time shares by what decided the category), `unknowns` (kernels no certain name rule
+    covers, with their context) and `conflicts` (name rules a strong context contradicts): attribute/context.py."""
+    report = evidence_report(export, att, _steps_per_device(budget))
+    for d in budget.devices:
+        d.update(report.get(d["device"], {}))
 
 
 def assemble(export, steps: Steps, context_method: str, combos_frame: pd.DataFrame, per_step: pd.DataFrame,
@@ -375,7 +387,7 @@ def assemble(export, steps: Steps, context_method: str, combos_frame: pd.DataFra
         n = len(d_steps)
         combos = per_combo[per_combo["device"] == device].merge(combos_frame, left_on="combo", right_index=True)
         total_op_ns = float(combos["ns"].sum())
-        kernels = (combos.groupby(["name", "demangled", "category", "family"], sort=False)[["ns", "count"]]
+        kernels = (combos.groupby(["name", "demangled", "category", "family", "evidence"], sort=False)[["ns", "count"]]
                    .sum().reset_index().sort_values("ns", ascending=False))
         cats = (combos.groupby("category")[["ns", "count"]].sum().reset_index()
                 .sort_values("ns", ascending=False))
@@ -396,7 +408,7 @@ def assemble(export, steps: Steps, context_method: str, combos_frame: pd.DataFra
             "categories": [{"category": r.category, "ms_per_step": r.ns / n / NS_PER_MS,
                             "count_per_step": r.count / n} for r in cats.itertuples()],
             "kernels": [{"name": r.name, "demangled": r.demangled, "category": r.category, "family": r.family,
-                         "ms_per_step": r.ns / n / NS_PER_MS, "count_per_step": r.count / n}
+                         "evidence": r.evidence, "ms_per_step": r.ns / n / NS_PER_MS, "count_per_step": r.count / n}
                         for r in kernels.itertuples()],
             "unclassified_share": uncl_ns / total_op_ns if total_op_ns else 0.0,
             "outside_steps": {"ops": int(outside.get(int(device), (0, 0))[1]),
