@@ -26,6 +26,7 @@ from profattr.text import clean
 COMMANDS = {
     "budget": "profattr.attribute.commands:budget",
     "classify": "profattr.taxonomy.commands:classify",
+    "taxonomy": "profattr.taxonomy.commands:taxonomy",
     "diff": "profattr.attribute.commands:diff",
     "capture": "profattr.capture.commands:capture",
     "check": "profattr.capture.commands:check",

@@ -93,7 +93,7 @@ def evidence_report(export, att, steps_per_device: dict, limit: int = 50) -> dic
     rule_id = combos["rule"].to_numpy().astype(object)[att.combo]
     listed = inside & ((evidence == "none") | np.char.startswith(evidence.astype(str), "context:") | (conflict != ""))
     torch_names = launch_ops(export, ops) if listed.any() else np.full(len(ops), "", dtype=object)
-    modules = _modules(att, listed)
+    modules = op_modules(att, listed)
     torch_state = TORCH_OPS_NOT_TORCH if getattr(export, "format", "") != "torch" else (
         "present" if torch_ops_frame(export) is not None else TORCH_OPS_ABSENT)
     out = {}
@@ -129,7 +129,7 @@ def evidence_report(export, att, steps_per_device: dict, limit: int = 50) -> dic
     return out
 
 
-def _modules(att, listed: np.ndarray) -> np.ndarray:
+def op_modules(att, listed: np.ndarray) -> np.ndarray:
     """Module path of the innermost NVTX range around each listed op's context point ('' where none)."""
     out = np.full(len(att.ops), "", dtype=object)
     frame = att.ranges.frame if att.ranges is not None else None

@@ -70,7 +70,7 @@ def render_table(budget: dict, top: int = TOP_KERNELS) -> str:
                      f"{d['kernels_per_step']:.1f} kernels/step")
         coverage = 100.0 * (1.0 - d["unclassified_share"])
         lines.append(f"  classified: {coverage:.1f}% of GPU time")
-        lines.extend(evidence_lines(d, "  "))
+        lines.extend(decided_by_lines(d, "  "))
         lines.append(f"  {'category':<24}{'ms/step':>10}{'count/step':>12}{'share':>8}")
         total = sum(c["ms_per_step"] for c in d["categories"]) or 1.0
         for c in d["categories"]:
@@ -100,7 +100,7 @@ def render_table(budget: dict, top: int = TOP_KERNELS) -> str:
     return "\n".join(lines)
 
 
-def evidence_lines(d: dict, indent: str = "", limit: int = 10) -> list:
+def decided_by_lines(d: dict, indent: str = "", limit: int = 10) -> list:
     """What decided the categories (name rules, launch context, nothing), each kernel no certain name rule covers
     with its share and context, and the name rules a strong context contradicts (budget's evidence section)."""
     ev = d.get("evidence")

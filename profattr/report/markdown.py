@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from profattr import __version__
 from profattr.report import why_slow
-from profattr.report.budget_view import evidence_lines, layer_name
+from profattr.report.budget_view import decided_by_lines, layer_name
 from profattr.report.campaign import campaign_section
 from profattr.report.escape import md_escape
 from profattr.report.md_diff import diff_explanation, diff_section  # noqa: F401  (diff_explanation: for callers)
@@ -267,7 +267,7 @@ def budget_section(data) -> list:
             if outside.get("ops"):
                 notes.append(f"outside every step (not in the budget): {outside['ops']} ops, {outside['ms']:.3f} ms")
             out += ["", "; ".join(notes) + ".", ""]
-            evidence = evidence_lines(d)
+            evidence = decided_by_lines(d)
             if evidence:
                 out += [md_escape(evidence[0]), ""]
                 out += [f"- {md_escape(line.strip())}" for line in evidence[1:]] + ([""] if len(evidence) > 1 else [])
