@@ -29,7 +29,7 @@ from profattr.attribute.nvtx import Ranges, enclosed, load_ranges
 from profattr.attribute.steps import Steps, find_steps
 from profattr.errors import ProfattrError
 from profattr.regexguard import MAX_MATCH_CHARS
-from profattr.attribute.context import evidence_report, torch_op_bits
+from profattr.attribute.context import ContextTexts, evidence_block, torch_op_bits
 from profattr.taxonomy.classify import load_rules
 from profattr.trace.ops import Ops
 from profattr.trace.source import open_trace
@@ -362,24 +362,18 @@ def summarize(export, att: Attribution) -> Budget:
     totals = StepTotals()
     totals.add(att.ops, att.step, att.combo, None, None, categories=att.combos["category"].to_numpy())
     tables = totals.finish(np.arange(len(att.combos)), att.combos)
+    texts = ContextTexts(export)
+    texts.add(att.ops, att.combo, att.combos["evidence"].to_numpy(), att.combos["conflict"].to_numpy(), att.ranges,
+              att.ctx_tid, att.ctx_ns, att.status, att.step >= 0)
     budget = assemble(export, att.steps, att.context_method, att.combos, *tables,
-                      att.placement() if att.status is not None else None)
+                      att.placement() if att.status is not None else None, context_summary=texts.finish())
     add_comm(budget, att)
-    add_evidence(budget, export, att)
     return budget
-
-
-def add_evidence(budget: Budget, export, att: Attribution) -> None:
-    """Per device `evidence` (time shares by what decided the category), `unknowns` (kernels no certain name rule
-    covers, with their context) and `conflicts` (name rules a strong context contradicts): attribute/context.py."""
-    report = evidence_report(export, att, _steps_per_device(budget))
-    for d in budget.devices:
-        d.update(report.get(d["device"], {}))
 
 
 def assemble(export, steps: Steps, context_method: str, combos_frame: pd.DataFrame, per_step: pd.DataFrame,
              per_step_category: pd.DataFrame, per_combo: pd.DataFrame, outside: dict,
-             nvtx_placement: dict | None) -> Budget:
+             nvtx_placement: dict | None, context_summary: dict | None = None) -> Budget:
     """The Budget from the totals (accumulate.StepTotals.finish) of its steps."""
     devices = []
     for device in sorted(set(per_step["device"].tolist())):
@@ -387,7 +381,7 @@ def assemble(export, steps: Steps, context_method: str, combos_frame: pd.DataFra
         n = len(d_steps)
         combos = per_combo[per_combo["device"] == device].merge(combos_frame, left_on="combo", right_index=True)
         total_op_ns = float(combos["ns"].sum())
-        kernels = (combos.groupby(["name", "demangled", "category", "family", "evidence"], sort=False)[["ns", "count"]]
+        kernels = (combos.groupby(["name", "demangled", "category", "family"], sort=False)[["ns", "count"]]
                    .sum().reset_index().sort_values("ns", ascending=False))
         cats = (combos.groupby("category")[["ns", "count"]].sum().reset_index()
                 .sort_values("ns", ascending=False))
@@ -408,11 +402,13 @@ def assemble(export, steps: Steps, context_method: str, combos_frame: pd.DataFra
             "categories": [{"category": r.category, "ms_per_step": r.ns / n / NS_PER_MS,
                             "count_per_step": r.count / n} for r in cats.itertuples()],
             "kernels": [{"name": r.name, "demangled": r.demangled, "category": r.category, "family": r.family,
-                         "evidence": r.evidence, "ms_per_step": r.ns / n / NS_PER_MS, "count_per_step": r.count / n}
+                         "ms_per_step": r.ns / n / NS_PER_MS, "count_per_step": r.count / n}
                         for r in kernels.itertuples()],
             "unclassified_share": uncl_ns / total_op_ns if total_op_ns else 0.0,
             "outside_steps": {"ops": int(outside.get(int(device), (0, 0))[1]),
                               "ms": float(outside.get(int(device), (0, 0))[0]) / NS_PER_MS},
+            # what decided the categories, the kernels no certain name rule covers, the contradicted rules
+            **evidence_block(combos, int(device), n, total_op_ns, context_summary),
         })
     return Budget(path=str(export.path), nsys_version=export.nsys_version,
                   schema_version=export.schema_version, gpus=export.gpus, steps_source=steps.source,

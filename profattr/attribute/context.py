@@ -75,75 +75,122 @@ def module_path(text: str) -> str:
     return _DIGITS.sub(".N", path)
 
 
-def evidence_report(export, att, steps_per_device: dict, limit: int = 50) -> dict:
-    """Per device: {'evidence': {...}, 'unknowns': [...], 'conflicts': [...]} (see module docstring)."""
-    ops, combos = att.ops, att.combos
-    inside = att.step >= 0
-    if not len(ops) or "evidence" not in combos:
-        return {}
-    evidence = combos["evidence"].to_numpy().astype(object)[att.combo]
-    if att.status is not None:
-        replayed = np.isin(att.status, (STATUS_CREATION, STATUS_MAPPING))
-        evidence = np.where(replayed & (evidence == "context:nvtx_module"), "context:graph_capture_nvtx", evidence)
-    ns = (ops.end - ops.start).astype(np.int64)
-    names = combos["name"].to_numpy().astype(object)[att.combo]
-    categories = combos["category"].to_numpy().astype(object)[att.combo]
-    conflict = combos["conflict"].to_numpy().astype(object)[att.combo]
-    context_id = combos["context"].to_numpy().astype(object)[att.combo]
-    rule_id = combos["rule"].to_numpy().astype(object)[att.combo]
-    listed = inside & ((evidence == "none") | np.char.startswith(evidence.astype(str), "context:") | (conflict != ""))
-    torch_names = launch_ops(export, ops) if listed.any() else np.full(len(ops), "", dtype=object)
-    modules = op_modules(att, listed)
-    torch_state = TORCH_OPS_NOT_TORCH if getattr(export, "format", "") != "torch" else (
-        "present" if torch_ops_frame(export) is not None else TORCH_OPS_ABSENT)
-    out = {}
-    for device in np.unique(ops.device[inside]):
-        sel = inside & (ops.device == device)
-        total = float(ns[sel].sum())
-        n = steps_per_device.get(int(device), 1) or 1
-        shares = {kind: float(ns[sel & (evidence == kind)].sum()) / total if total else 0.0
-                  for kind in ("name", "context:torch_op", "context:nvtx_module", "context:graph_capture_nvtx",
-                               "none")}
-        unknowns, conflicts = [], []
-        rows = sel & listed
-        keys = Counter()
-        for i in np.flatnonzero(rows):
-            keys[(names[i], categories[i], evidence[i], rule_id[i], context_id[i], conflict[i])] += int(ns[i])
-        for (name, category, ev, rid, cid, conf), key_ns in keys.most_common():
-            pick = rows & (names == name) & (evidence == ev) & (conflict == conf)
-            row = {"name": clean(name), "category": category, "evidence": ev,
-                   "ms_per_step": key_ns / n / NS_PER_MS, "share": key_ns / total if total else 0.0,
-                   "context": {"nvtx_module": _most(modules[pick]), "torch_op": _most(torch_names[pick])},
-                   "rule": rid or None, "context_rule": cid or None}
-            if conf:
-                conflicts.append({**row, "contradicted_by": conf})
-            else:
-                unknowns.append(row)
-        out[int(device)] = {
-            "evidence": {"shares": shares, "name_share": shares["name"],
+class ContextTexts:
+    """For the ops no certain name rule covers: the NVTX module and torch operator around their launches, per
+    combination (the budget's kernel rows), and the op time of CUDA-graph replays placed at their capture.
+    Fed window by window (windows.py) or at once (budget.summarize); ``finish`` maps registry ids to rows."""
+
+    def __init__(self, export):
+        self.export = export
+        self.modules: Counter = Counter()  # (combo id, module path) -> ns
+        self.torch: Counter = Counter()  # (combo id, operator) -> ns
+        self.replay_ns: Counter = Counter()  # (device, combo id) -> ns of ops placed at their graph capture
+        self.torch_state = TORCH_OPS_NOT_TORCH if getattr(export, "format", "") != "torch" else (
+            "present" if torch_ops_frame(export) is not None else TORCH_OPS_ABSENT)
+
+    def add(self, ops, combo_ids, evidence, conflict, ranges, ctx_tid, ctx_ns, status, inside) -> None:
+        """One window: ``combo_ids`` per op; ``evidence`` / ``conflict`` per combo id (indexable arrays)."""
+        if not len(ops):
+            return
+        ev = np.asarray(evidence, dtype=object)[combo_ids]
+        conf = np.asarray(conflict, dtype=object)[combo_ids]
+        ns = (ops.end - ops.start).astype(np.int64)
+        if status is not None:
+            replayed = inside & np.isin(status, (STATUS_CREATION, STATUS_MAPPING)) & (ev == "context:nvtx_module")
+            for (device, cid), v in _sums(ops.device[replayed], combo_ids[replayed], ns[replayed]).items():
+                self.replay_ns[(device, cid)] += v
+        listed = inside & ((ev == "none") | np.char.startswith(ev.astype(str), "context:") | (conf != ""))
+        idx = np.flatnonzero(listed)
+        if not len(idx):
+            return
+        modules = _innermost_text(ranges.frame if ranges is not None else None, ctx_tid[idx], ctx_ns[idx])
+        for cid, text, v in zip(combo_ids[idx], modules, ns[idx]):
+            if text:
+                self.modules[(int(cid), module_path(text))] += int(v)
+        if self.torch_state == "present":
+            names = launch_ops(self.export, ops)[idx]
+            for cid, text, v in zip(combo_ids[idx], names, ns[idx]):
+                if text:
+                    self.torch[(int(cid), text)] += int(v)
+
+    def finish(self, final=None) -> dict:
+        """{'texts': {row: {'nvtx_module', 'torch_op'}}, 'replay_ns': {(device, row): ns}, 'torch_ops': state}."""
+        remap = (lambda c: int(final[c])) if final is not None else int
+        best: dict = {}
+        for kind, counter in (("nvtx_module", self.modules), ("torch_op", self.torch)):
+            for (cid, text), v in counter.items():
+                row = best.setdefault(remap(cid), {"nvtx_module": None, "torch_op": None, "_ns": {}})
+                if v > row["_ns"].get(kind, -1):
+                    row[kind], row["_ns"][kind] = clean(text), v
+        texts = {k: {"nvtx_module": v["nvtx_module"], "torch_op": v["torch_op"]} for k, v in best.items()}
+        replay = Counter()
+        for (device, cid), v in self.replay_ns.items():
+            replay[(int(device), remap(cid))] += v
+        return {"texts": texts, "replay_ns": dict(replay), "torch_ops": self.torch_state}
+
+
+def evidence_block(rows, device: int, steps: int, total_ns: float, summary: dict | None, limit: int = 50) -> dict:
+    """A device's evidence section from its kernel combinations ``rows`` (combos frame rows with ``combo``, ``ns``):
+    time shares by evidence, the kernels no certain name rule covers, and the contradicted name rules."""
+    summary = summary or {"texts": {}, "replay_ns": {}, "torch_ops": TORCH_OPS_NOT_TORCH}
+    shares = dict.fromkeys(("name", "context:torch_op", "context:nvtx_module", "context:graph_capture_nvtx",
+                            "none"), 0.0)
+    listed: dict = {}
+    n = steps or 1
+    for r in rows.itertuples():
+        ns = float(r.ns)
+        replay = float(summary["replay_ns"].get((device, int(r.combo)), 0)) if r.evidence == "context:nvtx_module" else 0.0
+        shares[r.evidence if r.evidence in shares else "name"] += ns - replay
+        shares["context:graph_capture_nvtx"] += replay
+        if r.evidence == "name" and not r.conflict:
+            continue
+        key = (r.name, r.category, r.evidence, r.rule, r.context, r.conflict)
+        entry = listed.setdefault(key, {"ns": 0.0, "context": {"nvtx_module": None, "torch_op": None}, "_best": -1.0})
+        entry["ns"] += ns
+        if ns > entry["_best"]:
+            entry["_best"] = ns
+            entry["context"] = summary["texts"].get(int(r.combo), entry["context"])
+    total = total_ns or 1.0
+    shares = {k: v / total for k, v in shares.items()}
+    unknowns, conflicts = [], []
+    for (name, category, ev, rid, cid, conf), entry in sorted(listed.items(), key=lambda kv: -kv[1]["ns"]):
+        row = {"name": clean(name), "category": category, "evidence": ev, "ms_per_step": entry["ns"] / n / NS_PER_MS,
+               "share": entry["ns"] / total, "context": entry["context"], "rule": rid or None,
+               "context_rule": cid or None}
+        (conflicts if conf else unknowns).append({**row, "contradicted_by": conf} if conf else row)
+    return {"evidence": {"shares": shares, "name_share": shares["name"],
                          "context_share": sum(v for k, v in shares.items() if k.startswith("context:")),
-                         "none_share": shares["none"], "torch_ops": torch_state},
-            "unknowns": unknowns[:limit], "unknowns_total": len(unknowns),
-            "conflicts": conflicts[:limit],
-        }
+                         "none_share": shares["none"], "torch_ops": summary["torch_ops"]},
+            "unknowns": unknowns[:limit], "unknowns_total": len(unknowns), "conflicts": conflicts[:limit]}
+
+
+def _sums(device, cid, ns) -> dict:
+    out: Counter = Counter()
+    for d, c, v in zip(device.tolist(), cid.tolist(), ns.tolist()):
+        out[(d, c)] += v
+    return out
+
+
+def _innermost_text(frame, tid, t_ns) -> np.ndarray:
+    out = np.full(len(t_ns), "", dtype=object)
+    if frame is None or not len(frame) or not len(t_ns):
+        return out
+    ok = t_ns >= 0
+    which = innermost(frame["tid"].to_numpy(), frame["start"].to_numpy(), frame["end"].to_numpy(), tid[ok], t_ns[ok])
+    texts = frame["text"].astype(str).to_numpy()
+    sub = np.full(int(ok.sum()), "", dtype=object)
+    hit = which >= 0
+    sub[hit] = texts[which[hit]]
+    out[ok] = sub
     return out
 
 
 def op_modules(att, listed: np.ndarray) -> np.ndarray:
     """Module path of the innermost NVTX range around each listed op's context point ('' where none)."""
     out = np.full(len(att.ops), "", dtype=object)
-    frame = att.ranges.frame if att.ranges is not None else None
-    idx = np.flatnonzero(listed & (att.ctx_ns >= 0)) if att.ctx_ns is not None else np.zeros(0, dtype=np.int64)
-    if frame is None or not len(frame) or not len(idx):
+    if att.ctx_ns is None:
         return out
-    which = innermost(frame["tid"].to_numpy(), frame["start"].to_numpy(), frame["end"].to_numpy(),
-                      att.ctx_tid[idx], att.ctx_ns[idx])
-    texts = frame["text"].astype(str).to_numpy()
-    hit = which >= 0
-    out[idx[hit]] = [module_path(t) for t in texts[which[hit]]]
+    idx = np.flatnonzero(listed)
+    texts = _innermost_text(att.ranges.frame if att.ranges is not None else None, att.ctx_tid[idx], att.ctx_ns[idx])
+    out[idx] = [module_path(t) if t else "" for t in texts]
     return out
-
-
-def _most(values: np.ndarray):
-    kept = [v for v in values.tolist() if v]
-    return clean(Counter(kept).most_common(1)[0][0]) if kept else None

@@ -75,6 +75,7 @@ def budget_dict(db, entry: dict) -> dict:
         out["kernels"] = [_drop_device(k) for k in kernels.get(dev, [])]
         out["unclassified_share"] = d["unclassified_share"]
         out["outside_steps"] = {"ops": d["outside_steps_ops"], "ms": d["outside_steps_ms"]}
+        out.update(_loads(d.get("evidence_json")) or {})
         if dev in comm:
             out["comm"] = {k: comm[dev][k] for k in TABLES["comm"][0] if k not in ("entry_id", "device")}
             out["comm"]["by_category"] = [_drop_device(c) for c in comm_cats.get(dev, [])]
