@@ -29,7 +29,7 @@ from profattr.attribute.nvtx import Ranges, enclosed, load_ranges
 from profattr.attribute.steps import Steps, find_steps
 from profattr.errors import ProfattrError
 from profattr.regexguard import MAX_MATCH_CHARS
-from profattr.attribute.context import ContextTexts, evidence_block, torch_op_bits
+from profattr.attribute.context import ContextTexts, evidence_block, torch_op_bits, warn_unmatched_contexts
 from profattr.taxonomy.classify import load_rules
 from profattr.trace.ops import Ops
 from profattr.trace.source import open_trace
@@ -151,6 +151,7 @@ def compute_budget(path, steps: str = "auto", rules: Sequence = (), force: bool 
         source = _mapping_attribution(mapping, steps, ruleset, force)
     windowed = source is None and not keep_attribution and by == "category" and layer_range is None
     with open_trace(path, force=force) as export:
+        warn_unmatched_contexts(export, ruleset)
         reader = store_source(export)
         try:
             budget = budget_windowed(reader, steps, ruleset, skip_steps, step_categories) if windowed else None

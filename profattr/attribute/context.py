@@ -68,6 +68,24 @@ def torch_op_bits(export, ops, ruleset, n_patterns: int):
     return [r.key for r in rules], mask
 
 
+def warn_unmatched_contexts(export, ruleset) -> None:
+    """A warning for each user context rule whose pattern matches no NVTX range (nvtx_module) or no torch operator
+    (torch_op) of the capture: a pattern that never matches decides nothing."""
+    from profattr.errors import warn
+
+    user = [c for c in ruleset.context_rules if c.user]
+    if not user:
+        return
+    frames = {"nvtx_module": export.ranges(), "torch_op": torch_ops_frame(export)}
+    for c in user:
+        frame = frames[c.kind]
+        texts = [] if frame is None or not len(frame) else frame["text"].astype(str).unique().tolist()
+        if not any(c.regex.search(t[:MAX_MATCH_CHARS]) for t in texts):
+            what = "NVTX range" if c.kind == "nvtx_module" else "torch operator (cpu_op event)"
+            warn(f"{c.origin}: context '{c.id}' matches no {what} of {export.path}; it decides nothing here "
+                 "(check its pattern)")
+
+
 def module_path(text: str) -> str:
     """An NVTX range text as a module path with layer numbers folded (model.layers.N.mlp.experts)."""
     found = _MODULE.search(text or "")
