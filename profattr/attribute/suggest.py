@@ -37,11 +37,11 @@ def kernel_contexts(path, ruleset, force: bool = False) -> list:
         modules = op_modules(att, np.ones(len(ops), dtype=bool))
         out = []
         ns = (ops.end - ops.start).astype(np.int64)
-        for combo in np.unique(att.combo):
-            sel = att.combo == combo
+        order = np.argsort(att.combo, kind="stable")
+        combos, starts = np.unique(att.combo[order], return_index=True)
+        for combo, sel in zip(combos, np.split(order, starts[1:])):  # sel: the ops of one combination
             row = att.combos.iloc[int(combo)]
-            first = int(np.flatnonzero(sel)[0])
-            bits = int(att.mask[first])
+            bits = int(att.mask[sel[0]])
             contexts = frozenset(p for b, p in enumerate(patterns) if (bits >> b) & 1)
             out.append({"name": row["name"], "demangled": row["demangled"], "ns": int(ns[sel].sum()),
                         "count": int(sel.sum()), "contexts": contexts,
