@@ -69,12 +69,14 @@ def torch_ops_frame(export):
 
 
 def launch_ops(export, ops) -> np.ndarray:
-    """Per op, the text of the innermost torch operator around its launch call ('' where none)."""
+    """Per op, the text of the innermost torch operator around its launch call ('' where none, and for the kernels
+    of a CUDA-graph replay)."""
     frame = torch_ops_frame(export)
     out = np.full(len(ops), "", dtype=object)
     if frame is None or not len(ops):
         return out
-    found = ops.launched & (ops.launch_tid >= 0)
+    # a CUDA-graph replay's kernels share one launch call: the operator around it did not launch them one by one
+    found = ops.launched & (ops.launch_tid >= 0) & (ops.graph_node < 0)
     idx = np.flatnonzero(found)
     if len(idx):
         which = innermost_nested(frame["tid"].to_numpy(), frame["start"].to_numpy(), frame["end"].to_numpy(),
