@@ -339,3 +339,11 @@ def test_innermost_nested_skips_finished_children():
     points = np.array([15, 25, 33, 38, 101, 3, 3])
     threads = np.array([1, 1, 1, 1, 1, 2, 3])
     assert innermost_nested(tid, start, end, threads, points).tolist() == [1, 0, 3, 2, -1, 4, -1]
+
+
+def test_shipped_context_patterns_pass_the_regex_checks(rules):
+    from profattr.regexguard import problem
+
+    assert {c.id: problem(c.pattern) for c in rules.context_rules if problem(c.pattern)} == {}
+    assert {c.kind for c in rules.context_rules} == {"torch_op", "nvtx_module"}
+    assert all(c.source and c.category in rules.categories for c in rules.context_rules)
