@@ -314,7 +314,7 @@ def test_an_edited_suggestion_that_is_invalid_is_one_line(tmp_path):
     broken.write_text(text.replace('evidence = "user"', 'evidence = "user', 1))
     one_line_error(run("budget", ALEXNET, "--rules", broken), "invalid TOML")
     bad_context = tmp_path / "bad_context.toml"
-    bad_context.write_text('[[context]]\nid = "x"\nkind = "python_frame"\npattern = "a"\ncategory = "other"\n')
+    bad_context.write_text('[[context]]\nid = "x"\nkind = "stack_frame"\npattern = "a"\ncategory = "other"\n')
     one_line_error(run("classify", "x", "--rules", bad_context), "kind must be one of")
 
 
@@ -345,5 +345,42 @@ def test_shipped_context_patterns_pass_the_regex_checks(rules):
     from profattr.regexguard import problem
 
     assert {c.id: problem(c.pattern) for c in rules.context_rules if problem(c.pattern)} == {}
-    assert {c.kind for c in rules.context_rules} == {"torch_op", "nvtx_module"}
+    assert {c.kind for c in rules.context_rules} == {"torch_op", "python_frame", "nvtx_module"}
     assert all(c.source and c.category in rules.categories for c in rules.context_rules)
+
+
+def _with_stack(tmp_path, kernel_word: str, frame: str) -> Path:
+    """The AlexNet trace with one Python frame `frame` around each launch of the kernels named `kernel_word`, as
+    torch's with_stack profiling records python_function events (no public trace here was recorded with stacks)."""
+    with gzip.open(ALEXNET, "rt") as f:
+        doc = json.load(f)
+    events = [e for e in doc["traceEvents"] if isinstance(e, dict)]
+    launches = {e["args"]["correlation"]: e for e in events if e.get("ph") == "X"
+                and e.get("cat") in ("cuda_runtime", "cuda_driver")}
+    added = []
+    for k in events:
+        if k.get("ph") == "X" and k.get("cat") == "kernel" and kernel_word in k["name"]:
+            call = launches[k["args"]["correlation"]]
+            added.append({"ph": "X", "cat": "python_function", "name": frame, "pid": call["pid"], "tid": call["tid"],
+                          "ts": call["ts"] - 1, "dur": call["dur"] + 2, "args": {}})
+    assert added
+    doc["traceEvents"] = events + added
+    path = tmp_path / "with_stack.trace.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump(doc, f)
+    return path
+
+
+def test_a_python_frame_of_the_launch_stack_decides(tmp_path):
+    frame = "sglang/srt/layers/moe/fused_moe_triton/fused_moe.py(1520): fused_experts_impl"
+    traced = _with_stack(tmp_path, "fft2d_c2r", frame)
+    device = json.loads(ok("budget", traced, "--format", "json"))["devices"][0]
+    (row,) = [u for u in device["unknowns"] if "fft2d_c2r" in u["name"]]
+    # the frame is SGLang's fused-MoE runner (python/sglang/srt/layers/moe/fused_moe_triton): MoE work
+    assert row["evidence"] == "context:python_frame" and row["category"].startswith("moe.")
+    assert row["context_rule"] == "python_frame.moe" and device["evidence"]["python_frames"] == "present"
+    assert device["evidence"]["shares"]["context:python_frame"] > 0
+    plain = json.loads(ok("budget", ALEXNET, "--format", "json"))["devices"][0]["evidence"]
+    assert plain["python_frames"].startswith("absent") and plain["shares"]["context:python_frame"] == 0
+    text = ok("classify", "--explain", "unheard_of_kernel", "--python-frame", frame)
+    assert "context:python_frame rule python_frame.moe" in text

@@ -29,7 +29,8 @@ from profattr.attribute.nvtx import Ranges, enclosed, load_ranges
 from profattr.attribute.steps import Steps, find_steps
 from profattr.errors import ProfattrError
 from profattr.regexguard import MAX_MATCH_CHARS
-from profattr.attribute.context import ContextTexts, evidence_block, torch_op_bits, warn_unmatched_contexts
+from profattr.attribute.context import (ContextTexts, evidence_block, launch_stack_bits, torch_op_bits,
+                                        warn_unmatched_contexts)
 from profattr.taxonomy.classify import load_rules
 from profattr.trace.ops import Ops
 from profattr.trace.source import open_trace
@@ -322,6 +323,8 @@ def attribute(export, steps_spec: str, ruleset, mapping: Attribution | None = No
                   f"match, {int(((status == STATUS_UNPLACED) & inside).sum())} unplaced")
     keys, torch_mask = torch_op_bits(export, ops, ruleset, len(patterns))
     patterns, mask = patterns + keys, mask | torch_mask  # the launching torch operator (torch traces)
+    keys, stack_mask = launch_stack_bits(export, ops, ruleset, len(patterns))
+    patterns, mask = patterns + keys, mask | stack_mask  # the launch's Python stack (torch traces with_stack)
     combo, combos = classify_masks(export, ops, mask, patterns, ruleset)
     return Attribution(ops=ops, step=step, combo=combo, combos=combos, steps=steps, ranges=ranges,
                        context_method=method, ctx_tid=placement.tid, ctx_ns=placement.t_ns, status=status,

@@ -24,6 +24,7 @@ _MODULE = re.compile(r"""['"]Module['"]\s*:\s*['"]([^'"]+)['"]""")
 _DIGITS = re.compile(r"\.\d+(?=\.|$)")
 TORCH_OPS_ABSENT = "absent: the trace records no cpu_op events; name rules and NVTX ranges decide"
 TORCH_OPS_NOT_TORCH = "not a torch trace"
+FRAMES_ABSENT = "absent: the trace records no Python stacks (profile with_stack=True); operators and NVTX decide"
 
 
 def innermost_nested(range_tid, range_start, range_end, tid, t_ns) -> np.ndarray:
@@ -87,6 +88,37 @@ def launch_ops(export, ops) -> np.ndarray:
     return out
 
 
+def python_frames_frame(export):
+    """The reader's Python frames (start, end, tid, text), or None when it recorded none (no with_stack)."""
+    getter = getattr(export, "python_frames", None)
+    frame = getter() if getter is not None else None
+    return frame if frame is not None and len(frame) else None
+
+
+def launch_stack_bits(export, ops, ruleset, n_patterns: int):
+    """(keys, mask): the python_frame context keys and, per op, a bit for each whose pattern some frame of the
+    launch's Python stack (a python_function event around the launch call, same thread) matches; bits start
+    past ``n_patterns``. CUDA-graph replays take none."""
+    from profattr.attribute.nvtx import enclosed
+
+    rules = ruleset.python_frame_rules
+    mask = np.zeros(len(ops), dtype=np.int64)
+    frame = python_frames_frame(export) if rules else None
+    if frame is None or not len(ops):
+        return [], mask
+    rules = rules[:max(0, MAX_MASK_BITS - n_patterns)]
+    found = ops.launched & (ops.launch_tid >= 0) & (ops.graph_node < 0)
+    idx = np.flatnonzero(found)
+    uniq, inverse = np.unique(frame["text"].astype(str).to_numpy(), return_inverse=True)
+    for bit, rule in enumerate(rules):
+        sel = np.array([bool(rule.regex.search(u[:MAX_MATCH_CHARS])) for u in uniq], dtype=bool)[inverse]
+        if sel.any() and len(idx):
+            hit = enclosed(frame["tid"].to_numpy()[sel], frame["start"].to_numpy()[sel], frame["end"].to_numpy()[sel],
+                           ops.launch_tid[idx], ops.launch_ns[idx])
+            mask[idx[hit]] |= np.int64(1) << (n_patterns + bit)
+    return [r.key for r in rules], mask
+
+
 def torch_op_bits(export, ops, ruleset, n_patterns: int):
     """(keys, mask): the torch_op context keys and, per op, their bits shifted past ``n_patterns`` NVTX bits."""
     rules = ruleset.torch_op_rules
@@ -112,12 +144,14 @@ def warn_unmatched_contexts(export, ruleset) -> None:
     user = [c for c in ruleset.context_rules if c.user]
     if not user:
         return
-    frames = {"nvtx_module": export.ranges(), "torch_op": torch_ops_frame(export)}
+    frames = {"nvtx_module": export.ranges(), "torch_op": torch_ops_frame(export),
+              "python_frame": python_frames_frame(export)}
     for c in user:
         frame = frames[c.kind]
         texts = [] if frame is None or not len(frame) else frame["text"].astype(str).unique().tolist()
         if not any(c.regex.search(t[:MAX_MATCH_CHARS]) for t in texts):
-            what = "NVTX range" if c.kind == "nvtx_module" else "torch operator (cpu_op event)"
+            what = {"nvtx_module": "NVTX range", "torch_op": "torch operator (cpu_op event)",
+                    "python_frame": "Python frame (python_function event)"}[c.kind]
             warn(f"{c.origin}: context '{c.id}' matches no {what} of {export.path}; it decides nothing here "
                  "(check its pattern)")
 
@@ -141,6 +175,8 @@ class ContextTexts:
         self.replay_ns: Counter = Counter()  # (device, combo id) -> ns of ops placed at their graph capture
         self.torch_state = TORCH_OPS_NOT_TORCH if getattr(export, "format", "") != "torch" else (
             "present" if torch_ops_frame(export) is not None else TORCH_OPS_ABSENT)
+        self.frames_state = TORCH_OPS_NOT_TORCH if getattr(export, "format", "") != "torch" else (
+            "present" if python_frames_frame(export) is not None else FRAMES_ABSENT)
 
     def add(self, ops, combo_ids, evidence, conflict, ranges, ctx_tid, ctx_ns, status, inside) -> None:
         """One window: ``combo_ids`` per op; ``evidence`` / ``conflict`` per combo id (indexable arrays)."""
@@ -180,15 +216,17 @@ class ContextTexts:
         replay = Counter()
         for (device, cid), v in self.replay_ns.items():
             replay[(int(device), remap(cid))] += v
-        return {"texts": texts, "replay_ns": dict(replay), "torch_ops": self.torch_state}
+        return {"texts": texts, "replay_ns": dict(replay), "torch_ops": self.torch_state,
+                "python_frames": self.frames_state}
 
 
 def evidence_block(rows, device: int, steps: int, total_ns: float, summary: dict | None, limit: int = 50) -> dict:
     """A device's evidence section from its kernel combinations ``rows`` (combos frame rows with ``combo``, ``ns``):
     time shares by evidence, the kernels no certain name rule covers, and the contradicted name rules."""
-    summary = summary or {"texts": {}, "replay_ns": {}, "torch_ops": TORCH_OPS_NOT_TORCH}
-    shares = dict.fromkeys(("name", "context:torch_op", "context:nvtx_module", "context:graph_capture_nvtx",
-                            "none"), 0.0)
+    summary = summary or {"texts": {}, "replay_ns": {}, "torch_ops": TORCH_OPS_NOT_TORCH,
+                          "python_frames": TORCH_OPS_NOT_TORCH}
+    shares = dict.fromkeys(("name", "context:torch_op", "context:python_frame", "context:nvtx_module",
+                            "context:graph_capture_nvtx", "none"), 0.0)
     listed: dict = {}
     n = steps or 1
     for r in rows.itertuples():
@@ -214,7 +252,8 @@ def evidence_block(rows, device: int, steps: int, total_ns: float, summary: dict
         (conflicts if conf else unknowns).append({**row, "contradicted_by": conf} if conf else row)
     return {"evidence": {"shares": shares, "name_share": shares["name"],
                          "context_share": sum(v for k, v in shares.items() if k.startswith("context:")),
-                         "none_share": shares["none"], "torch_ops": summary["torch_ops"]},
+                         "none_share": shares["none"], "torch_ops": summary["torch_ops"],
+                         "python_frames": summary["python_frames"]},
             "unknowns": unknowns[:limit], "unknowns_total": len(unknowns), "conflicts": conflicts[:limit]}
 
 

@@ -12,7 +12,7 @@ from collections import Counter
 
 import numpy as np
 
-from profattr.attribute.context import launch_ops, op_modules, torch_op_bits
+from profattr.attribute.context import launch_ops, launch_stack_bits, op_modules, torch_op_bits
 from profattr.errors import ProfattrError
 from profattr.regexguard import compile_user
 from profattr.text import clean
@@ -32,6 +32,8 @@ def kernel_contexts(path, ruleset, force: bool = False) -> list:
         ops = att.ops
         patterns = list(ruleset.context_patterns)
         keys, _ = torch_op_bits(export, ops, ruleset, len(patterns))
+        patterns += keys
+        keys, _ = launch_stack_bits(export, ops, ruleset, len(patterns))
         patterns += keys
         torch_names = launch_ops(export, ops)
         modules = op_modules(att, np.ones(len(ops), dtype=bool))

@@ -123,6 +123,16 @@ class RuleSet:
         names = [capped(n) for n in op_names if n]
         return frozenset(c.key for c in self.torch_op_rules if any(c.regex.search(n) for n in names))
 
+    @property
+    def python_frame_rules(self) -> list:
+        """The python_frame context rules, in match order."""
+        return [c for c in self.context_rules if c.kind == "python_frame"]
+
+    def python_frame_contexts(self, frames: Iterable[str]) -> frozenset[str]:
+        """The python_frame context keys that any frame of a launch's Python stack ``frames`` matches."""
+        names = [capped(n) for n in frames if n]
+        return frozenset(c.key for c in self.python_frame_rules if any(c.regex.search(n) for n in names))
+
     def decide(self, name: str, contexts: Iterable[str] = frozenset(), short: Optional[str] = None
                ) -> "ctxrules.Decision":
         """Category of ``name`` and the evidence that decided it (contexts.decide): a certain name rule, else the

@@ -20,6 +20,9 @@ from profattr.text import clean, clean_tree
               help="Name of an NVTX range that encloses the kernels (e.g. model.layers.0.mlp.experts). Repeatable.")
 @click.option("--torch-op", "torch_ops", multiple=True, metavar="OP",
               help="Torch operator that launched the kernels (e.g. sgl_kernel::moe_align_block_size). Repeatable.")
+@click.option("--python-frame", "python_frames", multiple=True, metavar="FRAME",
+              help="A frame of the launch's Python stack (e.g. sglang/srt/layers/moe/topk.py(80): select_experts). "
+                   "Repeatable.")
 @click.option("--explain", is_flag=True,
               help="Say which rule or context decided each kernel, and every other rule and context that matched.")
 @click.option("--capture", "capture", type=click.Path(), default=None,
@@ -31,7 +34,8 @@ from profattr.text import clean, clean_tree
               help="table for people, json for tools (a list of {name, category, family, rule, evidence, ...} in "
                    "input order).")
 @output_options()
-def classify(names, rules_files, nvtx_ranges, torch_ops, explain, capture, kernel_regex, fmt, output, force):
+def classify(names, rules_files, nvtx_ranges, torch_ops, python_frames, explain, capture, kernel_regex, fmt, output,
+             force):
     """Classify kernel NAMEs (demangled, as nsys prints them). Use `-` to read one name per line from stdin
     (UTF-8; an undecodable byte becomes U+FFFD). With --capture C --kernel REGEX, explain the capture's kernels."""
     given = list(rules_files) + ([capture] if capture else [])
@@ -59,7 +63,8 @@ def classify(names, rules_files, nvtx_ranges, torch_ops, explain, capture, kerne
             kernel_names.extend(line.rstrip("\r\n") for line in _stdin_lines() if line.strip())
         else:
             kernel_names.append(name)
-    contexts = ruleset.contexts_for(nvtx_ranges) | ruleset.torch_op_contexts(torch_ops)
+    contexts = (ruleset.contexts_for(nvtx_ranges) | ruleset.torch_op_contexts(torch_ops)
+                | ruleset.python_frame_contexts(python_frames))
     rows = [_explained(ruleset, name, contexts) for name in kernel_names]
     emit(_render(rows, fmt, explain), output, force, given)
 

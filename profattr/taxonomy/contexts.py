@@ -9,7 +9,8 @@ range around the node's capture). Context rules are data, TOML files in ``profat
 
     [[context]]
     id = "nvtx.moe_experts"
-    kind = "nvtx_module"             # nvtx_module (NVTX range text) or torch_op (the launching torch operator)
+    kind = "nvtx_module"             # nvtx_module (NVTX range text), torch_op (the launching torch operator) or
+                                     # python_frame (a frame of the launch's Python stack, torch traces with_stack)
     pattern = '\\.mlp\\.experts\\b'  # Python regex, re.search on the range text or the operator name
     category = "moe.permute"         # the category of a kernel that no name rule covers here
     strength = "strong"              # strong (default) or weak
@@ -41,9 +42,11 @@ from profattr.errors import ProfattrError
 from profattr.regexguard import compile_user
 
 CONTEXT_DIR = Path(__file__).with_name("context")
-KINDS = ("nvtx_module", "torch_op")
+KINDS = ("nvtx_module", "torch_op", "python_frame")
 TORCH_OP_PREFIX = "torch_op:"
-EVIDENCE_KINDS = ("name", "context:torch_op", "context:nvtx_module", "context:graph_capture_nvtx", "none")
+PYTHON_FRAME_PREFIX = "python_frame:"
+EVIDENCE_KINDS = ("name", "context:torch_op", "context:python_frame", "context:nvtx_module",
+                  "context:graph_capture_nvtx", "none")
 _KEYS = ("id", "kind", "pattern", "category", "strength", "priority", "refine", "contradicts", "source", "evidence",
          "note")
 _REQUIRED_SHIPPED = ("id", "kind", "pattern", "category", "source", "evidence")
@@ -70,8 +73,11 @@ class ContextRule:
 
     @property
     def key(self) -> str:
-        """The context key a caller puts in ``contexts``: the NVTX regex itself, or ``torch_op:`` + regex."""
-        return self.pattern if self.kind == "nvtx_module" else TORCH_OP_PREFIX + self.pattern
+        """The context key a caller puts in ``contexts``: the NVTX regex itself, ``torch_op:`` or ``python_frame:``
+        + regex."""
+        if self.kind == "nvtx_module":
+            return self.pattern
+        return (TORCH_OP_PREFIX if self.kind == "torch_op" else PYTHON_FRAME_PREFIX) + self.pattern
 
     def refined(self, category: str) -> Optional[str]:
         table = dict(self.refine)
@@ -118,8 +124,10 @@ def decide(rule, matched: Sequence[ContextRule], unclassified: str = "unclassifi
 
 
 def order(rules: Sequence[ContextRule]) -> list:
-    """Match order: user rules first; then torch operators before NVTX ranges; then priority; then file order."""
-    return sorted(rules, key=lambda c: (not c.user, c.kind != "torch_op", c.priority))
+    """Match order: user rules first; then torch operators, Python frames, NVTX ranges; then priority; then file
+    order."""
+    rank = {"torch_op": 0, "python_frame": 1, "nvtx_module": 2}
+    return sorted(rules, key=lambda c: (not c.user, rank[c.kind], c.priority))
 
 
 def shipped_tables() -> list:

@@ -11,6 +11,8 @@ What a trace holds (torch 2.x, CUPTI activities), and how it maps:
   the ranges of the NVTX projection;
 - `cat` cpu_op: the torch operators (`aten::mm`, `sgl_kernel::moe_align_block_size`, `vllm::...`) on (pid, tid); the
   innermost one around a kernel's launch call is the op that launched it (`torch_ops`, the launch context);
+- `cat` python_function (traces recorded with_stack): the Python frames on (pid, tid), `file.py(line): function`;
+  the frames around a launch are its Python stack (`python_frames`);
 - top level: `deviceProperties` (GPUs), `distributedInfo` (rank, world size), `baseTimeNanoseconds`, versions.
 Times: `ts` and `dur` are microseconds; ns = round(us * 1000). Ranks are told apart by file: file k's processes and
 threads get k in their high bits; the ranks of one run share the host clock, so their times line up.
@@ -38,6 +40,7 @@ GPU_CATS = {"kernel": KIND_KERNEL, "gpu_memcpy": KIND_MEMCPY, "gpu_memset": KIND
 API_CATS = ("cuda_runtime", "cuda_driver")
 RANGE_CATS = ("user_annotation",)
 OP_CATS = ("cpu_op",)
+FRAME_CATS = ("python_function",)
 # "Memcpy HtoD (Pinned -> Device)" -> ENUM_CUDA_MEMCPY_OPER codes, as in nsys exports
 COPY_CODES = {"HtoD": 1, "DtoH": 2, "HtoA": 3, "AtoH": 4, "AtoA": 5, "AtoD": 6, "DtoA": 7, "DtoD": 8, "HtoH": 9,
               "PtoP": 10}
@@ -132,6 +135,7 @@ class KinetoTrace:
         self._api = _Columns(["tid", "start", "end", "key", "name"])
         self._ranges = _Columns(["tid", "start", "end", "name"])
         self._torch_ops = _Columns(["tid", "start", "end", "name"])
+        self._frames = _Columns(["tid", "start", "end", "name"])
         self.skipped: dict = {}
         self.gpus: list = []
         self.ranks: list = []
@@ -153,7 +157,8 @@ class KinetoTrace:
         self._api_arrays = self._api.arrays()
         self._range_arrays = self._ranges.arrays()
         self._op_arrays = self._torch_ops.arrays()
-        del self._gpu, self._api, self._ranges, self._torch_ops
+        self._frame_arrays = self._frames.arrays()
+        del self._gpu, self._api, self._ranges, self._torch_ops, self._frames
         self.claims.window(self._gpu_arrays["start"])  # the time range, from the GPU work, before anything asks
 
     # --- reading ------------------------------------------------------------------------------------------------
@@ -209,6 +214,7 @@ class KinetoTrace:
         high = index << FILE_SHIFT
         key_high = index << 32
         gpu_add, api_add, range_add, op_add = self._gpu.add, self._api.add, self._ranges.add, self._torch_ops.add
+        frame_add = self._frames.add
         intern, skip = self._intern, self._skip
         for ev in events:
             if not isinstance(ev, dict) or ev.get("ph") != "X":
@@ -246,6 +252,10 @@ class KinetoTrace:
                     start = round(float(ev["ts"]) * 1000)
                     op_add(high | int(ev["tid"]), start, start + round(float(ev["dur"]) * 1000),
                            intern(str(ev["name"])))
+                elif cat in FRAME_CATS:
+                    start = round(float(ev["ts"]) * 1000)
+                    frame_add(high | int(ev["tid"]), start, start + round(float(ev["dur"]) * 1000),
+                              intern(str(ev["name"])))
             except (KeyError, TypeError, ValueError, IndexError, OverflowError, AttributeError):
                 skip(f"{cat} events without the fields they need")
 
@@ -318,6 +328,13 @@ class KinetoTrace:
     def torch_ops(self) -> pd.DataFrame:
         """The torch operators (cpu_op events) as start, end, tid, text; empty when the trace recorded none."""
         r = self._op_arrays
+        names = self.strings(np.unique(r["name"]))
+        return pd.DataFrame({"start": r["start"], "end": r["end"], "tid": r["tid"],
+                             "text": pd.Series([names[int(i)] for i in r["name"]], dtype=object)})
+
+    def python_frames(self) -> pd.DataFrame:
+        """The Python frames (python_function events) as start, end, tid, text; empty without with_stack."""
+        r = self._frame_arrays
         names = self.strings(np.unique(r["name"]))
         return pd.DataFrame({"start": r["start"], "end": r["end"], "tid": r["tid"],
                              "text": pd.Series([names[int(i)] for i in r["name"]], dtype=object)})
