@@ -46,7 +46,7 @@ def classify(names, rules_files, nvtx_ranges, torch_ops, python_frames, explain,
     if kernel_regex and not capture:
         raise ProfattrError("--kernel needs --capture FILE: the capture whose kernels to explain")
     if not capture and not names:
-        raise ProfattrError("give at least one kernel NAME (or - for stdin), or --capture FILE --kernel REGEX")
+        raise ProfattrError("missing kernel NAMES: give one or more (or - for stdin), or --capture FILE --kernel REGEX")
     if output:
         check_output(output, force, given)
     ruleset = load_rules(rules_files)
