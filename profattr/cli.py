@@ -26,6 +26,7 @@ from profattr.text import clean
 COMMANDS = {
     "budget": "profattr.attribute.commands:budget",
     "classify": "profattr.taxonomy.commands:classify",
+    "taxonomy": "profattr.taxonomy.commands:taxonomy",
     "diff": "profattr.attribute.commands:diff",
     "variance": "profattr.attribute.commands:variance",
     "capture": "profattr.capture.commands:capture",

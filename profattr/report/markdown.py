@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from profattr import __version__
 from profattr.report import why_slow
-from profattr.report.budget_view import category_share, category_table_md, layer_name
+from profattr.report.budget_view import category_share, category_table_md, decided_by_lines, layer_name
 from profattr.report.campaign import campaign_section
 from profattr.report.escape import md_escape
 from profattr.report.bottlenecks import ranks_diff
@@ -272,6 +272,10 @@ def budget_section(data) -> list:
             if outside.get("ops"):
                 notes.append(f"outside every step (not in the budget): {outside['ops']} ops, {outside['ms']:.3f} ms")
             out += ["", "; ".join(notes) + ".", ""]
+            evidence = decided_by_lines(d)
+            if evidence:
+                out += [md_escape(evidence[0]), ""]
+                out += [f"- {md_escape(line.strip())}" for line in evidence[1:]] + ([""] if len(evidence) > 1 else [])
             out += _layer_table(d)
     return out
 
