@@ -25,6 +25,7 @@ NS_PER_MS = 1e6
 LEGEND_CATEGORIES = 8  # categories named in the step's budget beside the timeline
 KIND_COLORS = ("#70ad47", "#4472c4", "#ffc000", "#c00000")  # host_gaps.KINDS order
 TIMELINE_CHART = "timeline.png"
+HOST_LINE_CHARS = 180
 
 
 def choose_step(budget, device: int, spec="median") -> int:
@@ -155,7 +156,8 @@ def _draw_step(ax, label: str, v: dict, colors: dict) -> None:
     title = (f"{label} GPU {v['device']}: step {v['step']} of {v['steps']}, {span_ms:.3f} ms "
              f"({(v['span_ns'] - v['busy_ns']) / NS_PER_MS:.3f} ms idle, shaded)")
     if v["host_line"]:
-        title += "\n" + v["host_line"]
+        line = v["host_line"]
+        title += "\n" + (line if len(line) <= HOST_LINE_CHARS else line[: HOST_LINE_CHARS - 1] + "…")
     ax.set_title(safe_label(title), fontsize=8, loc="left")
     if any((host["kind"] == k).any() for k in range(len(host_gaps.KINDS))):
         ax.legend(fontsize=6, loc="lower right", frameon=False, ncol=4)
