@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 
-import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -72,15 +71,19 @@ def _process_ids(events) -> dict:
     return {e["args"]["name"]: e["pid"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
 
 
+def _stream_slices(events, pid: int) -> list:
+    """The complete events of the `stream N` tracks of process `pid`."""
+    streams = {e["tid"] for e in events if e["ph"] == "M" and e["name"] == "thread_name" and e["pid"] == pid
+               and e["args"]["name"].startswith("stream ")}
+    return [e for e in events if e["ph"] == "X" and e["pid"] == pid and e["tid"] in streams]
+
+
 def test_ops_of_the_range_are_the_sql_ops(trace, sql_ops):
     """Every GPU op launched in steps FIRST..LAST, on its stream's track, with its step, short name and grid."""
     gpu = _process_ids(trace)["GPU 0"]
     want = {(stream, s): (e, name, (gx, gy, gz), step) for dev, stream, s, e, name, gx, gy, gz, step in sql_ops
             if FIRST <= step <= LAST}
-    got = {}
-    for ev in trace:
-        if ev["ph"] == "X" and ev["pid"] == gpu and ev["tid"] >= 0:
-            got[(ev["tid"], ns(ev["ts"]))] = ev
+    got = {(ev["tid"], ns(ev["ts"])): ev for ev in _stream_slices(trace, gpu)}
     assert set(got) == set(want)
     for key, (end, name, grid, step) in want.items():
         ev = got[key]
@@ -97,8 +100,7 @@ def test_category_tracks_sum_to_sql_ms_per_step(trace, sql_ops):
     the op at its (stream, start): the taxonomy names categories, SQL measures them)."""
     pids = _process_ids(trace)
     gpu, cats = pids["GPU 0"], pids["GPU 0 categories"]
-    category_of = {(ev["tid"], ns(ev["ts"])): ev["args"]["category"] for ev in trace
-                   if ev["ph"] == "X" and ev["pid"] == gpu and ev["tid"] >= 0}
+    category_of = {(ev["tid"], ns(ev["ts"])): ev["args"]["category"] for ev in _stream_slices(trace, gpu)}
     tracks = {e["tid"]: e["args"]["name"] for e in trace
               if e["ph"] == "M" and e["name"] == "thread_name" and e["pid"] == cats}
     n_steps = LAST - FIRST + 1

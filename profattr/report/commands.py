@@ -29,8 +29,9 @@ def chart_slug(label: str) -> str:
 
 def output_files(data) -> dict:
     """role -> file name of every chart the report will write (the gap chart only where a gap was computed)."""
-    files = {"categories": CATEGORY_CHART, "launches": LAUNCH_CHART, "timeline": TIMELINE_CHART,
-             "distributions": DISTRIBUTION_CHART}  # the last two: written by their sections (report/timeline.py)
+    files = {"categories": CATEGORY_CHART, "launches": LAUNCH_CHART}
+    if data.captures:  # written by their sections (report/timeline.py, report/distribution_view.py)
+        files.update({"timeline": TIMELINE_CHART, "distributions": DISTRIBUTION_CHART})
     if getattr(data, "campaign", None):
         files["campaign"] = CAMPAIGN_CHART
     used = set(files.values())

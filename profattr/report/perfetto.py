@@ -26,7 +26,9 @@ from profattr.errors import ProfattrError
 from profattr.report.host_gaps import idle_intervals
 
 CATEGORY_PID_OFFSET = 1_000_000  # pid of a GPU's categories process: this + the GPU id
-STEPS_TID, IDLE_TID = -1, -2  # the steps and idle tracks of a GPU's process (streams keep their own ids)
+# the steps and idle tracks of a GPU's process, above any CUDA stream id seen in practice (streams keep their own
+# ids as tids; trace viewers want tids that are not negative)
+STEPS_TID, IDLE_TID = 2_000_000_001, 2_000_000_002
 STEPS_PER_WINDOW = 64
 
 
