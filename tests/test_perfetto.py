@@ -209,3 +209,21 @@ def test_capture_without_gpu_work(tmp_path):
                          "DELETE FROM CUPTI_ACTIVITY_KIND_MEMCPY")
     badinput.assert_error(badinput.cli("export", empty, "-o", tmp_path / "t.json"), "no GPU work")
     assert not (tmp_path / "t.json").exists()
+
+
+def test_host_tracks_hold_the_nvtx_ranges_of_the_steps(trace):
+    """The host process holds, per CPU thread, every NVTX range (SQL) that overlaps the exported steps' GPU work,
+    at its own start and duration, named by its text."""
+    steps = [ev for ev in trace if ev["ph"] == "X" and ev.get("cat") == "step"]
+    start = min(ns(ev["ts"]) for ev in steps)
+    end = max(ns(ev["ts"]) + ns(ev["dur"]) for ev in steps)
+    rows = sql(CAPTURE, """
+        SELECT n.globalTid & 16777215, n.start, n."end", COALESCE(t.value, n.text)
+        FROM NVTX_EVENTS n LEFT JOIN StringIds t ON t.id = n.textId
+        WHERE n.eventType IN (59, 60) AND n."end" IS NOT NULL AND n."end" > ? AND n.start < ?""", (start, end))
+    host = _process_ids(trace)["host"]
+    got = sorted((ev["tid"], ns(ev["ts"]), ns(ev["ts"]) + ns(ev["dur"]), ev["name"]) for ev in trace
+                 if ev["ph"] == "X" and ev["pid"] == host and ev["cat"] == "nvtx")
+    assert len(rows) > LAST - FIRST and got == sorted(rows)
+    assert any(name.startswith("step[DECODE") for *_rest, name in got)
+    assert any(ev["pid"] == host and ev.get("cat") == "cuda_api" for ev in trace)

@@ -75,14 +75,17 @@ def timeline(captures, output, step, steps, skip_steps, rules, force):
 def export(capture, fmt, output, step_range, steps, skip_steps, rules, force):
     """Write the attributed steps of CAPTURE as a trace to open in a trace viewer: per GPU a track per stream
     with each kernel's category, family, step and launch shape, a track per category, the idle gaps and the
-    step boundaries."""
+    step boundaries; and per CPU thread its CUDA API calls and NVTX ranges during those steps."""
     from profattr.report.perfetto import parse_step_range, write_trace
+    from profattr.trace.source import open_trace
 
     given = [capture, *rules]
     chosen = parse_step_range(step_range)
     check_output(output, force, given, "the trace")
     budget = _budget(capture, steps, skip_steps, rules)
+    with open_trace(budget.path) as source:
+        api = source.api_calls()  # the host tracks' CUDA calls
     with atomic_path(output, force, given, "the trace") as tmp:
         with open(tmp, "w", encoding="utf-8") as fh:
-            n = write_trace(budget, fh, chosen)
+            n = write_trace(budget, fh, chosen, api)
     click.echo(f"wrote {click.format_filename(output)}: {n} events ({fmt}); open it in ui.perfetto.dev")

@@ -7,7 +7,9 @@ Per GPU, two processes:
   and launch shape (where recorded) as `args`; a `steps` track with one slice per step (first start to last end of
   its GPU work) and an instant event (`ph: "i"`) at each step's start; an `idle` track with the gaps between the
   step's consecutive ops (the budget's idle time: host_gaps.idle_intervals);
-- `GPU N categories`: one track per category holding the same op slices, so a category reads as one row.
+- `GPU N categories`: one track per category holding the same op slices, so a category reads as one row;
+and one `host` process with a track per CPU thread: its CUDA API calls that launch, copy or wait (named by kind:
+host_gaps.KINDS) and its NVTX ranges (named by their text), those that overlap the exported steps' GPU work.
 
 Events are written as they are formed, a window of steps at a time: the output is never held whole. Strings from the
 capture are JSON-escaped (json.dumps), not altered. Times are the capture's own clock (ns), written exactly as µs
@@ -26,6 +28,8 @@ from profattr.errors import ProfattrError
 from profattr.report.host_gaps import idle_intervals
 
 CATEGORY_PID_OFFSET = 1_000_000  # pid of a GPU's categories process: this + the GPU id
+HOST_PID = 2_000_000  # the host process (CPU threads keep their thread id, the low 24 bits of nsys' globalTid)
+THREAD_BITS = 0xFFFFFF
 # the steps and idle tracks of a GPU's process, above any CUDA stream id seen in practice (streams keep their own
 # ids as tids; trace viewers want tids that are not negative)
 STEPS_TID, IDLE_TID = 2_000_000_001, 2_000_000_002
@@ -92,8 +96,9 @@ def _shape(grid: int, block: int) -> str:
             f'{(block >> 32) & 0xFFFF}, {(block >> 16) & 0xFFFF}], "registers_per_thread": {block & 0xFFFF}')
 
 
-def events(budget: Budget, step_range: tuple | None = None):
-    """The trace's events, one JSON object (text) at a time."""
+def events(budget: Budget, step_range: tuple | None = None, api: dict | None = None):
+    """The trace's events, one JSON object (text) at a time; `api`: the reader's api_calls() for the host tracks
+    (None: the NVTX ranges alone)."""
     att = budget.attribution
     if att is None:
         raise ValueError("perfetto events need compute_budget(..., keep_attribution=True)")
@@ -101,7 +106,7 @@ def events(budget: Budget, step_range: tuple | None = None):
     combos = _combo_args(att.combos)
     categories = sorted(set(att.combos["category"].astype(str)))
     cat_tid = {c: k + 1 for k, c in enumerate(categories)}
-    written = 0
+    written, windows = 0, []
     for d in budget.devices:
         device = int(d["device"])
         steps = selected_steps(budget, device, step_range)
@@ -119,6 +124,8 @@ def events(budget: Budget, step_range: tuple | None = None):
         for c in sorted({str(att.combos["category"].iat[i]) for i in np.unique(att.combo[sel])}):
             yield from _meta(cpid, cat_tid[c], "thread_name", c, cat_tid[c])
         rows = budget.per_step.set_index(["device", "step"])
+        chosen = rows.loc[[(device, int(k)) for k in steps]]
+        windows.append((int(chosen["start_ns"].min()), int(chosen["end_ns"].max())))
         for w in range(0, len(steps), STEPS_PER_WINDOW):
             window = steps[w:w + STEPS_PER_WINDOW]
             yield from _step_events(rows, device, window)
@@ -132,6 +139,34 @@ def events(budget: Budget, step_range: tuple | None = None):
     if not written:
         raise ProfattrError("--step-range selects none of the capture's steps; see `profattr budget` for how many "
                             "it has")
+    yield from _host_events(att.ranges.frame, api, min(w[0] for w in windows), max(w[1] for w in windows))
+
+
+def _host_events(ranges, api: dict | None, start_ns: int, end_ns: int):
+    """The host process: per CPU thread, the API calls and NVTX ranges overlapping [start_ns, end_ns)."""
+    from profattr.report.host_gaps import KINDS
+
+    parts = []  # (tid, start, end, JSON name, cat)
+    if api is not None and len(api["kind"]):
+        sel = (api["end"] > start_ns) & (api["start"] < end_ns)
+        names = [json.dumps(k) for k in KINDS]
+        parts += [(t, s, e, names[k], '"cuda_api"') for t, s, e, k in
+                  zip(api["tid"][sel].tolist(), api["start"][sel].tolist(), api["end"][sel].tolist(),
+                      api["kind"][sel].tolist())]
+    if ranges is not None and len(ranges):
+        r_start, r_end = ranges["start"].to_numpy(np.int64), ranges["end"].to_numpy(np.int64)
+        sel = (r_end > start_ns) & (r_start < end_ns)
+        parts += [(t, s, e, json.dumps(str(x)), '"nvtx"') for t, s, e, x in
+                  zip(ranges["tid"].to_numpy(np.int64)[sel].tolist(), r_start[sel].tolist(), r_end[sel].tolist(),
+                      ranges["text"].to_numpy()[sel])]
+    if not parts:
+        return
+    yield from _meta(HOST_PID, None, "process_name", "host", -1)
+    for t in sorted({p[0] for p in parts}):
+        yield from _meta(HOST_PID, t & THREAD_BITS, "thread_name", f"thread {t & THREAD_BITS}")
+    for t, s, e, name, cat in parts:
+        yield (f'{{"name": {name}, "cat": {cat}, "ph": "X", "ts": {us(s)}, "dur": {us(e - s)}, '
+               f'"pid": {HOST_PID}, "tid": {t & THREAD_BITS}}}')
 
 
 def _step_events(rows, device: int, window: Sequence[int]):
@@ -159,13 +194,13 @@ def _op_events(att, idx: np.ndarray, pid: int, cpid: int, combos: list, cat_tid:
         yield f'{{{body}, "pid": {cpid}, "tid": {cat_tid[category]}}}'
 
 
-def write_trace(budget: Budget, fh, step_range: tuple | None = None) -> int:
-    """Write the trace to the text file `fh`; returns the number of events."""
+def write_trace(budget: Budget, fh, step_range: tuple | None = None, api: dict | None = None) -> int:
+    """Write the trace to the text file `fh` (`api`: as for events); returns the number of events."""
     other = json.dumps({"profattr": __version__, "capture": budget.path, "steps": budget.steps_source,
                         "time": "the capture's clock; ts and dur in microseconds"})
     fh.write('{"displayTimeUnit": "ns", "otherData": ' + other + ', "traceEvents": [\n')
     n = 0
-    for event in events(budget, step_range):
+    for event in events(budget, step_range, api):
         fh.write((",\n" if n else "") + event)
         n += 1
     fh.write("\n]}\n")
