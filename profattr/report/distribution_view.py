@@ -107,7 +107,9 @@ def distribution_section(data, out_dir) -> list:
                 if d.get("distributions"))
     out = ["## Step-to-step spread", "",
            f"Per step, not only the mean: the median, 90th percentile and largest value over the steps, in ms, and "
-           f"the steps {md_escape(rule)} (step numbers as in `profattr export` and `profattr timeline --step`).", ""]
+           f"the steps {md_escape(rule)} (step numbers as in `profattr export` and `profattr timeline --step`)."
+           + (" A replicate group shows its first capture." if any(
+               c.side is not None and len(c.side.members) > 1 for c in data.captures) else ""), ""]
     out += _table(["capture", "series", "median ms", "p90 ms", "max ms", "outlier steps"], rows)
     if panels:
         from profattr.outputs import atomic_path

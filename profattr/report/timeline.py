@@ -196,6 +196,7 @@ def timeline_section(data, out_dir) -> list:
            "One decode step per capture and GPU, the one whose span is the median: its GPU ops by stream, coloured "
            "by category, the idle gaps shaded, and above them the CUDA API calls and NVTX ranges of the step's CPU "
            "thread (`profattr timeline` draws any step; `profattr export --format perfetto` opens every step in "
-           "ui.perfetto.dev).", ""]
+           "ui.perfetto.dev)." + (" A replicate group shows its first capture." if any(
+               c.side is not None and len(c.side.members) > 1 for c in caps) else ""), ""]
     out += [f"- {md_escape(describe_view(label, v))}" for label, views in groups for v in views]
     return out + ["", f"![timeline of the median step]({TIMELINE_CHART})", ""]
