@@ -27,6 +27,8 @@ WITH ops AS (
   FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds sn ON sn.id = k.shortName
   UNION ALL
   SELECT start, "end", NULL, globalPid, correlationId FROM CUPTI_ACTIVITY_KIND_MEMCPY
+  UNION ALL
+  SELECT start, "end", NULL, globalPid, correlationId FROM CUPTI_ACTIVITY_KIND_MEMSET
 ),
 steps AS (
   SELECT n.start AS ss, n."end" AS se, n.globalTid AS stid, row_number() OVER (ORDER BY n.start) - 1 AS step
@@ -129,32 +131,50 @@ def test_step_distribution_is_numpy_over_sql_spans(budget_json):
     assert slowest in dist["step"]["outlier_steps"] and dist["step"]["warmup_steps"] == [min(spans)]
 
 
-def test_category_distributions_are_numpy_over_sql_sums(budget_json):
-    """Per category: one value per step, the SQL sum of its kernels' durations in that step (0 where none ran);
-    which kernels make a category is read from the budget's kernel rows (categories whose kernel names each belong
-    to that category alone)."""
-    device = budget_json["devices"][0]
-    cats_of = defaultdict(set)
-    for k in device["kernels"]:
-        cats_of[k["name"]].add(k["category"])
-    rows = sql(TRITON, STEP_OPS + "SELECT step, name, sum(e - s) FROM assigned WHERE name IS NOT NULL "
-                                  "GROUP BY step, name")
+def exclusive_per_step(ops) -> dict:
+    """{step: {category: exclusive ns}} by the definition, swept here in plain Python with exact fractions: cut the
+    step's time at every op start and end; each slice is shared equally among the categories running in it."""
+    from fractions import Fraction
+
+    by_step = defaultdict(list)
+    for step, s, e, category in ops:
+        by_step[step].append((s, e, category))
+    out = {}
+    for step, items in by_step.items():
+        cuts = sorted({t for s, e, _ in items for t in (s, e)})
+        share: dict = defaultdict(Fraction)
+        for a, b in zip(cuts, cuts[1:]):
+            running = {c for s, e, c in items if s <= a and e >= b}
+            for c in running:
+                share[c] += Fraction(b - a, len(running))
+        out[step] = share
+    return out
+
+
+def test_category_distributions_are_numpy_over_sql_exclusive_time(budget_json, tmp_path):
+    """Per category: one value per step, its exclusive time in that step swept from the SQL ops (0 where it did
+    not run); which category an op belongs to is the taxonomy's word, read from the Perfetto export at the op's
+    (stream, start); the times are SQL's."""
+    trace = tmp_path / "t.json"
+    assert CliRunner().invoke(cli, ["export", str(TRITON), "-o", str(trace)]).exit_code == 0
+    events = json.loads(trace.read_text())["traceEvents"]
+    streams = {e["tid"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"
+               and e["args"]["name"].startswith("stream ")}
+    category_of = {(e["tid"], round(float(e["ts"]) * 1000)): e["args"]["category"] for e in events
+                   if e["ph"] == "X" and e["pid"] == 0 and e["tid"] in streams}
+    rows = sql(TRITON, STEP_OPS.replace("SELECT k.start AS s,", "SELECT k.streamId AS stream, k.start AS s,")
+               .replace('SELECT start, "end", NULL,', 'SELECT streamId, start, "end", NULL,')  # memcpy, memset
+               + "SELECT step, s, e, stream FROM assigned")
+    assert len(rows) == len(category_of)
+    exclusive = exclusive_per_step([(step, s, e, category_of[(stream, s)]) for step, s, e, stream in rows])
     steps = sorted(sql_spans(TRITON))
-    per = defaultdict(lambda: dict.fromkeys(steps, 0))
-    for step, name, total in rows:
-        (cat,) = cats_of[name] if len(cats_of[name]) == 1 else (None,)
-        if cat is not None:
-            per[cat][step] += total
-    ambiguous = {c for cs in cats_of.values() if len(cs) > 1 for c in cs}
     checked = 0
-    for row in device["distributions"]["categories"]:
-        c = row["category"]
-        if c in ambiguous or c.startswith("memory.") or c not in per:
-            continue
-        med, p90, mx = _spread([per[c][k] for k in steps])
-        assert (row["median_ms"], row["p90_ms"], row["max_ms"]) == pytest.approx((med, p90, mx), abs=1e-9), c
+    for row in budget_json["devices"][0]["distributions"]["categories"]:
+        values = [float(exclusive[k].get(row["category"], 0)) for k in steps]
+        # integer ns per step (largest remainder): each within 1 ns of the exact share
+        assert (row["median_ms"], row["p90_ms"], row["max_ms"]) == pytest.approx(_spread(values), abs=2e-6), row
         checked += 1
-    assert checked >= 5
+    assert checked >= 10
 
 
 def test_kernel_distributions_with_the_attribution():

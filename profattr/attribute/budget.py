@@ -8,7 +8,7 @@ Definitions (all per device, over the steps that launched work on it):
 - `overlap_ms_per_step` = mean summed op time - mean busy (time during which two streams ran at once);
   so `mean_step_ms = sum(category ms) - overlap + idle` holds exactly;
 - `distributions`: the spread over the steps (median, p90, max, outlier steps) of the span, the idle time and each
-  category (distributions.py), and of the largest kernels where every op was read at once;
+  category's exclusive time (distributions.py), and of the largest kernels' op time where every op was read at once;
 - category / kernel `ms_per_step`: summed durations over the steps, divided by the number of steps;
 - category `exclusive_ms_per_step`: its share of the busy time (each slice of busy time shared equally among the
   categories running in it, exclusive.py), so `mean_step_ms = sum(category exclusive ms) + idle` holds exactly
@@ -436,9 +436,7 @@ def assemble(export, steps: Steps, context_method: str, combos_frame: pd.DataFra
             "unclassified_share": uncl_ns / total_op_ns if total_op_ns else 0.0,
             "outside_steps": {"ops": int(outside.get(int(device), (0, 0))[1]),
                               "ms": float(outside.get(int(device), (0, 0))[0]) / NS_PER_MS},
-            "distributions": device_distributions(
-                d_steps, None if per_step_category is None
-                else per_step_category[per_step_category["device"] == device]),
+            "distributions": device_distributions(d_steps, exclusive[exclusive["device"] == device]),
         })
     return Budget(path=str(export.path), nsys_version=export.nsys_version,
                   schema_version=export.schema_version, gpus=export.gpus, steps_source=steps.source,

@@ -86,7 +86,7 @@ def budget(capture, steps, skip_steps, rules, fmt, top, by, layer_range, mapping
         check_output(output, force, given)  # before the slow part
     result = compute_budget(capture, steps=steps, rules=rules, force=force, mapping=mapping,
                             by="layer" if layer_range is not None else by, layer_range=layer_range,
-                            skip_steps=skip_steps)  # its per-step table gives the distributions
+                            skip_steps=skip_steps, step_categories=False)  # what it prints needs no per-step table
     data = result.to_dict()
     if fmt == "json":
         text = json.dumps(clean_tree(data), indent=2)

@@ -1,7 +1,9 @@
 """The spread of a device's step over its steps, not only the mean: per category, for the step span and its idle
 time, and (where the attribution is at hand) for the largest kernels.
 
-For each series (one value per step of the device, in ms; 0 for a step where a category or kernel did not run):
+A category's value in a step is its exclusive time there (exclusive.py: its share of the step's busy time), so the
+categories and idle of a step add up to its span; a kernel's is its summed op time. For each series (one value per
+step of the device, in ms; 0 for a step where a category or kernel did not run):
 median, p90 (numpy's linear percentile), max, mean, and the outlier steps: those above median + 3 x MAD (the median
 absolute deviation, scaled by 1.4826 to a normal sigma) and above median + 5% (so that a series tighter than its
 timer's noise names no step), plus, for the step span, the warm-up steps the
@@ -35,9 +37,9 @@ def spread(values_ns: np.ndarray, steps: np.ndarray) -> dict:
             "outliers": int(len(above)), "outlier_steps": [int(s) for s in steps[above][:MAX_OUTLIERS]]}
 
 
-def device_distributions(d_steps: pd.DataFrame, d_categories: pd.DataFrame | None) -> dict:
-    """The `distributions` block of one device from its per_step rows and its per_step_category rows (None: only
-    the step and idle series)."""
+def device_distributions(d_steps: pd.DataFrame, d_exclusive: pd.DataFrame | None) -> dict:
+    """The `distributions` block of one device from its per_step rows and its exclusive time per (step, category)
+    (columns step, category, exclusive_ns; None: only the step and idle series)."""
     from profattr.attribute.steady import steady_state
 
     d_steps = d_steps.sort_values("start_ns")
@@ -46,18 +48,20 @@ def device_distributions(d_steps: pd.DataFrame, d_categories: pd.DataFrame | Non
     step = spread(span, steps)
     warm = steady_state(span).warmup_steps
     step["warmup_steps"] = [int(s) for s in steps[:warm]]
-    out = {"steps": int(len(steps)), "outlier_rule": f"above median + max({MAD_FACTOR:g} x 1.4826 x MAD, {MIN_EXCESS:.0%} of the median)", "step": step,
+    out = {"steps": int(len(steps)),
+           "outlier_rule": f"above median + max({MAD_FACTOR:g} x 1.4826 x MAD, {MIN_EXCESS:.0%} of the median)",
+           "category_time": "exclusive", "step": step,
            "idle": spread(span - d_steps["busy_ns"].to_numpy(np.int64), steps), "categories": []}
-    if d_categories is not None and len(d_categories):
-        table = per_step_table(d_categories, "category", steps)
+    if d_exclusive is not None and len(d_exclusive):
+        table = per_step_table(d_exclusive, "category", steps, "exclusive_ns")
         for name in table.sum(axis=0).sort_values(ascending=False).index:
             out["categories"].append({"category": str(name), **spread(table[name].to_numpy(), steps)})
     return out
 
 
-def per_step_table(frame: pd.DataFrame, key: str, steps: np.ndarray) -> pd.DataFrame:
-    """ns per (step, `key`) as a steps x keys table in the order of `steps`, 0 where a key did not run."""
-    table = frame.pivot_table(index="step", columns=key, values="ns", aggfunc="sum", fill_value=0)
+def per_step_table(frame: pd.DataFrame, key: str, steps: np.ndarray, value: str = "ns") -> pd.DataFrame:
+    """`value` per (step, `key`) as a steps x keys table in the order of `steps`, 0 where a key did not run."""
+    table = frame.pivot_table(index="step", columns=key, values=value, aggfunc="sum", fill_value=0)
     return table.reindex(steps, fill_value=0)
 
 

@@ -1,5 +1,5 @@
 """The report's Distributions section: how much a step, its idle time and its largest categories vary from step to
-step (the budget's `distributions`, attribute/distributions.py), as a table and a violin chart of each series'
+step (the budget's `distributions`, attribute/distributions.py; a category's exclusive time), as a table and a violin chart of each series'
 per-step values relative to its median. A replicate group shows its first replicate.
 """
 from __future__ import annotations
@@ -29,7 +29,8 @@ def _first(cap):
 
 
 def series(d: dict, per_step, per_step_category, limit: int = CHART_CATEGORIES) -> list:
-    """[(name, per-step ns array)] of one device: step span, idle, and its largest categories (0 where absent)."""
+    """[(name, per-step ns array)] of one device: step span, idle, and its largest categories' exclusive time (0
+    where absent)."""
     rows = per_step[per_step["device"] == d["device"]].sort_values("start_ns")
     steps = rows["step"].to_numpy(np.int64)
     out = [("step", rows["span_ns"].to_numpy(np.float64)),
@@ -37,7 +38,7 @@ def series(d: dict, per_step, per_step_category, limit: int = CHART_CATEGORIES) 
     if per_step_category is None:
         return out
     cats = per_step_category[per_step_category["device"] == d["device"]]
-    table = cats.pivot_table(index="step", columns="category", values="ns", aggfunc="sum", fill_value=0)
+    table = cats.pivot_table(index="step", columns="category", values="exclusive_ns", aggfunc="sum", fill_value=0)
     table = table.reindex(steps, fill_value=0)
     for c in [c["category"] for c in d.get("distributions", {}).get("categories", [])][:limit]:
         if c in table.columns:
@@ -106,7 +107,8 @@ def distribution_section(data, out_dir) -> list:
     rule = next(d["distributions"]["outlier_rule"] for c in data.captures for d in _first(c)[0]["devices"]
                 if d.get("distributions"))
     out = ["## Step-to-step spread", "",
-           f"Per step, not only the mean: the median, 90th percentile and largest value over the steps, in ms, and "
+           f"Per step, not only the mean: the median, 90th percentile and largest value over the steps, in ms (a "
+           f"category's exclusive time, so that a step's categories and idle add up to it), and "
            f"the steps {md_escape(rule)} (step numbers as in `profattr export` and `profattr timeline --step`)."
            + (" A replicate group shows its first capture." if any(
                c.side is not None and len(c.side.members) > 1 for c in data.captures) else ""), ""]
