@@ -37,6 +37,8 @@ COMMANDS = {
     "limit": "profattr.limits.commands:limit",
     "gap": "profattr.limits.commands:gap",
     "report": "profattr.report.commands:report",
+    "timeline": "profattr.report.look_commands:timeline",
+    "export": "profattr.report.look_commands:export",
     "ledger": "profattr.ledger.commands:ledger",
 }
 

@@ -7,6 +7,8 @@ Definitions (all per device, over the steps that launched work on it):
 - `idle_ms_per_step` = mean span - mean busy (GPU waiting inside the step: launch gaps, syncs, CPU work);
 - `overlap_ms_per_step` = mean summed op time - mean busy (time during which two streams ran at once);
   so `mean_step_ms = sum(category ms) - overlap + idle` holds exactly;
+- `distributions`: the spread over the steps (median, p90, max, outlier steps) of the span, the idle time and each
+  category's exclusive time (distributions.py), and of the largest kernels' op time where every op was read at once;
 - category / kernel `ms_per_step`: summed durations over the steps, divided by the number of steps;
 - category `exclusive_ms_per_step`: its share of the busy time (each slice of busy time shared equally among the
   categories running in it, exclusive.py), so `mean_step_ms = sum(category exclusive ms) + idle` holds exactly
@@ -29,6 +31,7 @@ import pandas as pd
 
 from profattr.attribute.accumulate import Combos, StepTotals
 from profattr.attribute.comm import collective_split
+from profattr.attribute.distributions import device_distributions, kernel_distributions
 from profattr.attribute.graphs import STATUS_MAPPING, STATUS_NAMES, STATUS_UNPLACED, place_contexts
 from profattr.attribute.nvtx import Ranges, enclosed, load_ranges
 from profattr.attribute.shapes import kernel_shapes, short_kernel_stats
@@ -172,6 +175,7 @@ def compute_budget(path, steps: str = "auto", rules: Sequence = (), force: bool 
             if reader is not export:
                 reader.close()
     attribution = budget.attribution
+    kernel_distributions(budget)  # the spread of the largest kernels: only where every op is at hand
     if by == "layer" or layer_range is not None:
         add_layers(budget, attribution, layer_range)
     if not keep_attribution:
@@ -446,6 +450,7 @@ def assemble(export, steps: Steps, context_method: str, combos_frame: pd.DataFra
                               "ms": float(outside.get(int(device), (0, 0))[0]) / NS_PER_MS},
             # what decided the categories, the kernels no certain name rule covers, the contradicted rules
             **evidence_block(combos, int(device), n, total_op_ns, context_summary),
+            "distributions": device_distributions(d_steps, exclusive[exclusive["device"] == device]),
         })
     return Budget(path=str(export.path), nsys_version=export.nsys_version,
                   schema_version=export.schema_version, gpus=export.gpus, steps_source=steps.source,

@@ -13,6 +13,8 @@ from profattr.attribute.commands import cache_option, rules_option, steps_option
 from profattr.errors import ProfattrError
 from profattr.outputs import atomic_path, check_output, ensure_folder, write_text
 from profattr.report.campaign import CAMPAIGN_CHART
+from profattr.report.distribution_view import DISTRIBUTION_CHART
+from profattr.report.timeline import TIMELINE_CHART
 
 REPORT_FILE = "report.md"
 CATEGORY_CHART = "categories.png"
@@ -28,6 +30,8 @@ def chart_slug(label: str) -> str:
 def output_files(data) -> dict:
     """role -> file name of every chart the report will write (the gap chart only where a gap was computed)."""
     files = {"categories": CATEGORY_CHART, "launches": LAUNCH_CHART}
+    if data.captures:  # written by their sections (report/timeline.py, report/distribution_view.py)
+        files.update({"timeline": TIMELINE_CHART, "distributions": DISTRIBUTION_CHART})
     if getattr(data, "campaign", None):
         files["campaign"] = CAMPAIGN_CHART
     used = set(files.values())
@@ -70,6 +74,7 @@ def write_report(data, out_dir: Path, force: bool = False) -> list:
             with atomic_path(out_dir / files[role], force) as tmp:
                 write_gap_chart(cap.gap, tmp)
     data.charts = files
+    data.out_dir = str(out_dir)
     write_text(out_dir / REPORT_FILE, render_report(data), force, newline=False)
     return targets
 

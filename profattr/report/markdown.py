@@ -14,6 +14,8 @@ from profattr.report.escape import md_escape
 from profattr.report.bottlenecks import ranks_diff
 from profattr.report.md_diff import diff_explanation, diff_section  # noqa: F401  (diff_explanation: for callers)
 from profattr.report.md_runtime import launch_section, tp_section
+from profattr.report.timeline import timeline_section
+from profattr.report.distribution_view import distribution_section
 from profattr.report.shapes import short_kernel_line, shape_rows
 from profattr.report.md_table import (  # noqa: F401  (code_block: for campaign.py)
     _devices_label, _multi_device, _pct, _short, _table, code_block)
@@ -39,6 +41,7 @@ def render_report(data) -> str:
     out += category_chart_section(data)
     out += campaign_section(data)
     out += launch_section(data)
+    out += timeline_section(data, data.out_dir) + distribution_section(data, data.out_dir)
     out += tp_section(data)
     out += diff_section(data)
     out += lint_section(data)
