@@ -12,8 +12,9 @@ The model, per launch shape of every kernel in the source (the budget's shape ro
   efficiency that kernel reached (achieved bytes/s over the source's bandwidth) to the target's bandwidth;
   t_fixed, the latency floor of the kernel's family, is the shortest mean duration of any launch shape of that
   kernel name in the source, scaled by the SM clock ratio (source / target);
-- categories with no bytes floor (elementwise, quantization, rope, ...) keep their source duration per launch,
-  scaled by the clock ratio;
+- categories with no bytes floor (elementwise, quantization, rope, ...), and rows whose bytes at the source's
+  bandwidth explain under 5% of their source time (latency-bound), keep their source duration per launch, scaled
+  by the clock ratio;
 - a category's time is at least its FLOPs over the target's dense peak for its precision;
 - launches per step: per layer, times target layers / source layers (MoE categories: MoE layers); shapes that run
   once per step (lm_head, sampling) stay once;
@@ -36,6 +37,8 @@ from profattr.limits.model import ModelSpec
 
 SCHEMA = "profattr.project/1"
 COMM_PREFIX = "comm"
+# a row whose bytes explain under this share of its source time is latency-bound: its launches keep their duration
+LATENCY_BOUND_EFFICIENCY = 0.05
 INTERCONNECTS = {"pcie5": "pcie", "nvlink": "nvlink", "none": None}
 
 
@@ -58,6 +61,14 @@ def _gpu(budget: Mapping[str, Any], device: Any) -> Dict[str, Any]:
     return {}
 
 
+def _row_efficiency(device: Mapping[str, Any], row: str, loads: Mapping[str, Mapping[str, float]],
+                    bandwidth_bytes_per_s: float) -> float:
+    """Achieved share of the source's bandwidth by a floor row: its bytes over its measured time."""
+    ms = sum(float(c["ms_per_step"]) for c in device.get("categories", []) if row_of(str(c["category"]), loads) == row)
+    nbytes = loads.get(row, {}).get("bytes", 0.0)
+    return nbytes / (ms * 1e-3) / bandwidth_bytes_per_s if ms > 0 and nbytes > 0 else 0.0
+
+
 def project_device(device: Mapping[str, Any], gpu: Mapping[str, Any], source: ModelSpec, target: ModelSpec,
                    src_hw: HardwareSpec, dst_hw: HardwareSpec) -> Dict[str, Any]:
     """Per category: source ms, projected ms, and how (bytes ratio, bandwidth ratio, latency floors)."""
@@ -77,11 +88,15 @@ def project_device(device: Mapping[str, Any], gpu: Mapping[str, Any], source: Mo
         src_bytes = loads_s.get(row, {}).get("bytes", 0.0)
         tgt_bytes = loads_t.get(row, {}).get("bytes", 0.0)
         ratio_n = _count_ratio(cat, source, target)
-        byte_ratio = (tgt_bytes / src_bytes) / ratio_n if src_bytes > 0 else None
+        row_eff = _row_efficiency(device, row, loads_s, bw_s)
+        latency_bound = src_bytes > 0 and row_eff < LATENCY_BOUND_EFFICIENCY
+        byte_ratio = (tgt_bytes / src_bytes) / ratio_n if src_bytes > 0 and not latency_bound else None
         shapes = k.get("shapes") or [{"count_per_step": k["count_per_step"], "mean_us": k["mean_us"],
                                       "ms_per_step": k["ms_per_step"]}]
         t_fixed_us = min(float(s["mean_us"]) for s in shapes) * clock_ratio
         entry = by_cat.setdefault(cat, {"category": cat, "row": row if src_bytes > 0 else None,
+                                        "source_efficiency": row_eff if src_bytes > 0 else None,
+                                        "latency_bound": latency_bound,
                                         "source_ms": 0.0, "bandwidth_ms": 0.0, "projected_ms": 0.0,
                                         "launches_source": 0.0, "launches_target": 0.0, "at_latency_floor": 0.0,
                                         "byte_ratio_per_launch": byte_ratio, "t_fixed_us": t_fixed_us})
@@ -181,7 +196,9 @@ def project_budget(budget: Mapping[str, Any], source: ModelSpec, target: ModelSp
         "kernel name's shortest mean duration over its launch shapes in the source, x SM clock source/target",
         "byte ratio per launch: floor-row bytes on the target / on the source (profattr gap's rows), over the "
         "launch-count ratio; every shape of a row scales alike (replicated and sharded weights of one row mixed)",
-        "categories without a bytes floor keep their source duration per launch, x the clock ratio",
+        "categories without a bytes floor, and rows whose bytes explain under "
+        f"{LATENCY_BOUND_EFFICIENCY:.0%} of their source time (latency-bound: norms, decode attention at short "
+        "context), keep their source duration per launch, x the clock ratio",
         "a category takes at least its FLOPs over the target's dense peak for its precision",
         f"launches per step scale with layers ({source.num_layers} -> {target.num_layers}; MoE categories with MoE "
         "layers); shapes run once per step stay once",

@@ -13,7 +13,8 @@ from profattr.outputs import check_output, emit, output_options
 from profattr.text import clean_tree
 
 
-def _specs(capture: Path, run_json: Optional[Path], tp: Optional[int], layers: Optional[int]):
+def _specs(capture: Path, run_json: Optional[Path], tp: Optional[int], layers: Optional[int],
+           batch: Optional[int] = None):
     """(source spec, target spec) from the capture's run.json model_config."""
     from profattr.limits.model import spec_from_config
     from profattr.limits.served import spec_from_run
@@ -40,11 +41,12 @@ def _specs(capture: Path, run_json: Optional[Path], tp: Optional[int], layers: O
                                 "the heads and the experts' intermediate size")
     if target_tp % source.tp:
         raise ProfattrError(f"--tp {target_tp} is not a multiple of the capture's tp {source.tp}")
-    target = spec_from_config(config, **{**(source.derive_args or {}), "tp": target_tp})
+    changes = {"tp": target_tp, **({"batch": batch} if batch else {})}
+    target = spec_from_config(config, **{**(source.derive_args or {}), **changes})
     return source, target
 
 
-def project_capture(capture: Path, to: str, *, tp=None, layers=None, interconnect="pcie5", host="measured",
+def project_capture(capture: Path, to: str, *, tp=None, layers=None, batch=None, interconnect="pcie5", host="measured",
                     allreduce="oneshot", run_json=None, steps="auto", replicates=()) -> dict:
     """`profattr.project/1` of one capture (and the band over replicate captures)."""
     from profattr.attribute.budget import compute_budget
@@ -65,7 +67,7 @@ def project_capture(capture: Path, to: str, *, tp=None, layers=None, interconnec
             raise ProfattrError(f"cannot tell the capture's GPU ({', '.join(sorted(names)) or 'none'}); known: "
                                 f"{', '.join(hardware_presets())}")
         src_hw = load_hardware(matched.pop())
-        source, target = _specs(path, run_json if path == capture else None, tp, layers)
+        source, target = _specs(path, run_json if path == capture else None, tp, layers, batch)
         with open_trace(sqlite_path) as trace:
             measured_host = host_cycle(trace)
         results.append(project_budget(budget, source, target, src_hw, dst_hw, measured_host,
@@ -121,6 +123,8 @@ def render_project_markdown(result: dict) -> str:
               help="Tensor-parallel size on the target (default: the capture's).")
 @click.option("--layers", type=click.IntRange(min=1), default=None,
               help="Layers of the real model (default: the capture's; GLM-5 has 78).")
+@click.option("--batch", type=click.IntRange(min=1), default=None,
+              help="Sequences per decode step on the target (default: the capture's).")
 @click.option("--interconnect", type=click.Choice(sorted(INTERCONNECTS)), default="pcie5", show_default=True,
               help="Link the all-reduces run over; none leaves collectives out.")
 @click.option("--allreduce", type=click.Choice(["oneshot", "nccl"]), default="oneshot", show_default=True,
@@ -135,14 +139,14 @@ def render_project_markdown(result: dict) -> str:
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "markdown"]), default="table",
               show_default=True)
 @output_options()
-def project(capture, to, tp, layers, interconnect, allreduce, host, replicates, run_json, steps, fmt, output, force):
+def project(capture, to, tp, layers, batch, interconnect, allreduce, host, replicates, run_json, steps, fmt, output, force):
     """Predict CAPTURE's ms per decode step on another GPU (--to), TP size and layer count, as a waterfall from
     the target's floor: kernel time from bytes, the source's efficiency and latency floors; collectives from
     measured all-reduce latencies; host time as measured."""
     given = [capture, run_json, *replicates]
     if output:
         check_output(output, force, given)
-    result = project_capture(capture, to, tp=tp, layers=layers, interconnect=interconnect, host=host,
+    result = project_capture(capture, to, tp=tp, layers=layers, batch=batch, interconnect=interconnect, host=host,
                              allreduce=allreduce, run_json=run_json, steps=steps, replicates=replicates)
     result = clean_tree(result)
     if fmt == "json":
