@@ -33,7 +33,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from profattr.limits.gap import fit_precision_rows, floor_loads, row_of
 from profattr.limits.hardware import HardwareSpec
-from profattr.limits.model import ModelSpec
+from profattr.limits.model import ModelSpec, tensor_category
 
 SCHEMA = "profattr.project/1"
 COMM_PREFIX = "comm"
@@ -81,6 +81,9 @@ def project_device(device: Mapping[str, Any], gpu: Mapping[str, Any], source: Mo
     loads_s = fit_precision_rows(floor_loads(source, src_hw), cats)
     loads_t = fit_precision_rows(floor_loads(target, dst_hw), cats)
     kernels = [k for k in device.get("kernels") or [] if not str(k["category"]).startswith(COMM_PREFIX)]
+    if source.dsa_runs and not target.dsa_runs:  # the target's engine runs dense MLA: no indexer kernels
+        indexer = tensor_category("indexer_keys_read")
+        kernels = [k for k in kernels if row_of(str(k["category"]), {indexer: {}}) != indexer]
     by_cat: Dict[str, Dict[str, Any]] = {}
     for k in kernels:
         cat = str(k["category"])
@@ -213,6 +216,9 @@ def project_budget(budget: Mapping[str, Any], source: ModelSpec, target: ModelSp
         f"{dst_hw.memory_bandwidth_bytes_per_s.value / 1e12:.3f} TB/s ({dst_hw.memory_bandwidth_bytes_per_s.source})",
         *source.notes,
     ]
+    if source.dsa_runs and not target.dsa_runs:
+        assumptions.append(f"{dst_hw.id}: the engine does not run the DSA indexer there (hardware preset dsa_runs); "
+                           "the source's attention.indexer kernels are left out and attention reads the whole context")
     return {
         "schema": SCHEMA,
         "capture": {"path": (budget.get("capture") or {}).get("path"), "steps": (budget.get("steps") or {}).get("count"),

@@ -14,7 +14,7 @@ from profattr.text import clean_tree
 
 
 def _specs(capture: Path, run_json: Optional[Path], tp: Optional[int], layers: Optional[int],
-           batch: Optional[int] = None):
+           batch: Optional[int] = None, dsa_runs: bool = True):
     """(source spec, target spec) from the capture's run.json model_config."""
     from profattr.limits.model import spec_from_config
     from profattr.limits.served import spec_from_run
@@ -41,12 +41,12 @@ def _specs(capture: Path, run_json: Optional[Path], tp: Optional[int], layers: O
                                 "the heads and the experts' intermediate size")
     if target_tp % source.tp:
         raise ProfattrError(f"--tp {target_tp} is not a multiple of the capture's tp {source.tp}")
-    changes = {"tp": target_tp, **({"batch": batch} if batch else {})}
+    changes = {"tp": target_tp, "dsa_runs": dsa_runs and source.dsa_runs, **({"batch": batch} if batch else {})}
     target = spec_from_config(config, **{**(source.derive_args or {}), **changes})
     return source, target
 
 
-def project_capture(capture: Path, to: str, *, tp=None, layers=None, batch=None, interconnect="pcie5", host="measured",
+def project_capture(capture: Path, to: str, *, tp=None, layers=None, batch=None, interconnect="auto", host="measured",
                     allreduce="oneshot", run_json=None, steps="auto", replicates=()) -> dict:
     """`profattr.project/1` of one capture (and the band over replicate captures)."""
     from profattr.attribute.budget import compute_budget
@@ -57,6 +57,14 @@ def project_capture(capture: Path, to: str, *, tp=None, layers=None, batch=None,
     from profattr.trace.source import open_trace
 
     dst_hw = load_hardware(to)
+    if interconnect == "auto":
+        link = dst_hw.interconnect
+    else:
+        link = INTERCONNECTS[interconnect]
+        if link is not None and link != dst_hw.interconnect:
+            raise ProfattrError(f"--interconnect {interconnect}: {dst_hw.id}'s GPUs link over {dst_hw.interconnect}, "
+                                "and its all-reduce latencies are measured there; pass --interconnect "
+                                f"{'nvlink' if dst_hw.interconnect == 'nvlink' else 'pcie5'} or none")
     results = []
     for path in [capture, *replicates]:
         sqlite_path = Path(resolve_capture(path))
@@ -67,11 +75,11 @@ def project_capture(capture: Path, to: str, *, tp=None, layers=None, batch=None,
             raise ProfattrError(f"cannot tell the capture's GPU ({', '.join(sorted(names)) or 'none'}); known: "
                                 f"{', '.join(hardware_presets())}")
         src_hw = load_hardware(matched.pop())
-        source, target = _specs(path, run_json if path == capture else None, tp, layers, batch)
+        source, target = _specs(path, run_json if path == capture else None, tp, layers, batch, dst_hw.dsa_runs)
         with open_trace(sqlite_path) as trace:
             measured_host = host_cycle(trace)
         results.append(project_budget(budget, source, target, src_hw, dst_hw, measured_host,
-                                      interconnect=INTERCONNECTS[interconnect], allreduce=allreduce,
+                                      interconnect=link, allreduce=allreduce,
                                       host_mode=host))
     head = results[0]
     if len(results) > 1:
@@ -125,8 +133,9 @@ def render_project_markdown(result: dict) -> str:
               help="Layers of the real model (default: the capture's; GLM-5 has 78).")
 @click.option("--batch", type=click.IntRange(min=1), default=None,
               help="Sequences per decode step on the target (default: the capture's).")
-@click.option("--interconnect", type=click.Choice(sorted(INTERCONNECTS)), default="pcie5", show_default=True,
-              help="Link the all-reduces run over; none leaves collectives out.")
+@click.option("--interconnect", type=click.Choice(["auto", *sorted(INTERCONNECTS)]), default="auto", show_default=True,
+              help="Link the all-reduces run over (auto: the target's own, pcie5 for the RTX cards, nvlink for "
+                   "H100/H200/B200); none leaves collectives out.")
 @click.option("--allreduce", type=click.Choice(["oneshot", "nccl"]), default="oneshot", show_default=True,
               help="All-reduce implementation (measured latencies in the target's preset).")
 @click.option("--host", type=click.Choice(["measured", "none"]), default="measured", show_default=True,

@@ -59,6 +59,7 @@ class ReportData:
     campaign_ledger: Optional[str] = None  # the ledger's path, as given
     drills: list = field(default_factory=list)  # why_slow.collect_drills entries
     sweep: list = field(default_factory=list)  # batch_sweep rows, when the captures decode several batch sizes
+    projection: Optional[dict] = None  # profattr.project/1 of the first capture, with report --to
 
 
 def default_labels(names: Sequence[str]) -> list:
