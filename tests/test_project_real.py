@@ -104,3 +104,48 @@ def test_a_run_json_without_the_config(tmp_path, export_example):
     result = CliRunner().invoke(cli, ["project", str(export_example(SOURCE)), "--to", "h200", "--run-json",
                                       str(edited)])
     assert_one_line_error(result, "records no model_config")
+
+
+# the second pair, on which nothing was fitted: batch 1 -> batch 4 of one server (dense FP8 GEMMs on DeepGEMM)
+BS1, BS4 = "glm5/glm-fp8dg-bs1-r1", "glm5/glm-fp8dg-bs4-r1"
+FP8DG_KERNELS = {"gemm.fp8": "name = 'sm90_fp8_gemm_1d2d_impl'",
+                 "gemm.bf16": "(name LIKE 'nvjet_sm90%' OR name = 'splitKreduce_kernel')",
+                 "moe.gemm": "name = 'fused_moe_kernel'",
+                 "attention.decode": "name IN ('flash_fwd_splitkv_mla_fp8_sparse_kernel', 'flash_fwd_mla_combine_kernel')",
+                 "norm": "name IN ('FusedAddRMSNormKernel', 'RMSNormKernel', 'vectorized_layer_norm_kernel')"}
+
+
+def test_batch_1_projected_to_batch_4_predicts_the_five_largest_categories(export_example):
+    got = _project(export_example(BS1), "--to", "h200", "--batch", "4", "--interconnect", "none",
+                   "--run-json", str(EXAMPLES / f"{BS1}.run.json"))
+    assert got["target"]["model"]["batch"] == 4
+    rows = {c["category"]: c for c in got["categories"]}
+    measured_total = predicted_total = 0.0
+    for category, where in FP8DG_KERNELS.items():
+        want = _measured_ms_per_step(export_example(BS4), where)
+        # weights are read once per step whatever the batch; short-context attention and norms stay latency-bound
+        assert rows[category]["projected_ms"] == pytest.approx(want, rel=0.10), category
+        measured_total += want
+        predicted_total += rows[category]["projected_ms"]
+    assert predicted_total == pytest.approx(measured_total, rel=0.05)
+
+
+def test_replicates_give_a_band(export_example):
+    a, b = export_example(SOURCE), export_example("glm5/glm-triton-bs1-r2")
+    got = _project(a, "--to", "h200", "--interconnect", "none", "--replicate", str(b))
+    band = got["band"]
+    assert band["replicates"] == 2 and band["min_ms"] <= got["predicted_ms_per_step"] <= band["max_ms"]
+    # the replicate windows differ in the host's idle inside the step: the band spans both measured means
+    want = sorted(expected_nvtx_like(p, DECODE)[0]["mean_step_ms"] for p in (a, b))
+    assert band["min_ms"] == pytest.approx(want[0], rel=0.05) and band["max_ms"] == pytest.approx(want[1], rel=0.05)
+
+
+def test_report_to_adds_the_target_section(tmp_path, export_example):
+    out = tmp_path / "rep"
+    result = CliRunner().invoke(cli, ["report", str(export_example(SOURCE)), "-o", str(out), "--to", "rtx-pro-6000-ws",
+                                      "--to-tp", "8", "--to-layers", "78"])
+    assert result.exit_code == 0, result.output
+    text = (out / "report.md").read_text()
+    assert "## On the target" in text and "tp 8, 78 layers" in text
+    got = _project(export_example(SOURCE), "--to", "rtx-pro-6000-ws", "--tp", "8", "--layers", "78")
+    assert f"**{got['predicted_ms_per_step']:.3f} ms per decode step**" in text
