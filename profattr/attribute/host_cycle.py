@@ -25,12 +25,7 @@ def host_cycle(trace) -> dict | None:
     None when it records no graph launches (an eager capture) or no CUDA calls."""
     if not hasattr(trace, "arrays") or not trace.has("CUPTI_ACTIVITY_KIND_RUNTIME"):
         return None
-    nvtx = trace.has("NVTX_EVENTS")
-    sql = load_query("host_graph_launch_lead")
-    if not nvtx:
-        sql = sql.replace("COALESCE((SELECT max(n.start) FROM NVTX_EVENTS AS n\n                 WHERE n.globalTid = "
-                          "r.globalTid AND n.eventType IN (59, 60) AND n.start <= r.start\n                   AND "
-                          "n.\"end\" >= r.\"end\"), -1)", "-1")
+    sql = load_query("host_graph_launch_lead" if trace.has("NVTX_EVENTS") else "host_graph_launches")
     g = trace.arrays(sql, ["tid", "start", "end", "range_start"])
     if len(g["tid"]) < 2:
         return None
