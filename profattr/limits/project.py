@@ -29,7 +29,7 @@ The model, per launch shape of every kernel in the source (the budget's shape ro
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, Mapping, Optional
 
 from profattr.limits.gap import fit_precision_rows, floor_loads, row_of
 from profattr.limits.hardware import HardwareSpec
@@ -158,8 +158,7 @@ def collectives(target: ModelSpec, hw: HardwareSpec, interconnect: Optional[str]
 
 def project_budget(budget: Mapping[str, Any], source: ModelSpec, target: ModelSpec, src_hw: HardwareSpec,
                    dst_hw: HardwareSpec, host: Optional[Mapping[str, Any]], *, interconnect: Optional[str],
-                   allreduce: str = "oneshot", host_mode: str = "measured",
-                   replicates: Sequence[Mapping[str, Any]] = ()) -> Dict[str, Any]:
+                   allreduce: str = "oneshot", host_mode: str = "measured") -> Dict[str, Any]:
     """`profattr.project/1`: the predicted ms per decode step on the target and every assumption."""
     devices = budget.get("devices") or []
     if not devices:
@@ -190,10 +189,7 @@ def project_budget(budget: Mapping[str, Any], source: ModelSpec, target: ModelSp
     waterfall.append({"component": f"collectives ({comm['impl']}, {comm['interconnect']})", "ms": comm["ms"]})
     waterfall.append({"component": "host (" + ("host-bound lead" if host_bound else "idle inside the step") + ")",
                       "ms": host_ms})
-    band = None
-    if replicates:
-        values = [predicted] + [float(r["predicted_ms_per_step"]) for r in replicates]
-        band = {"min_ms": min(values), "max_ms": max(values), "replicates": len(values)}
+    band = None  # set by the caller from the projections of replicate captures
     assumptions = [
         "per launch shape: t = max(t_fixed, d_source x byte ratio per launch x BW_source / BW_target); t_fixed = the "
         "kernel name's shortest mean duration over its launch shapes in the source, x SM clock source/target",
