@@ -36,6 +36,7 @@ COMMANDS = {
     "drill-report": "profattr.report.drill_commands:drill_report",
     "limit": "profattr.limits.commands:limit",
     "gap": "profattr.limits.commands:gap",
+    "project": "profattr.limits.project_commands:project",
     "report": "profattr.report.commands:report",
     "timeline": "profattr.report.look_commands:timeline",
     "export": "profattr.report.look_commands:export",

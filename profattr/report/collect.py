@@ -61,6 +61,7 @@ class ReportData:
     drills: list = field(default_factory=list)  # why_slow.collect_drills entries
     sweep: list = field(default_factory=list)  # batch_sweep rows, when the captures decode several batch sizes
     out_dir: Optional[str] = None  # the report's folder, while write_report writes it (the sections' own charts)
+    projection: Optional[dict] = None  # profattr.project/1 of the first capture, with report --to
 
 
 def default_labels(names: Sequence[str]) -> list:

@@ -46,12 +46,20 @@ def render_report(data) -> str:
     out += diff_section(data)
     out += lint_section(data)
     out += gap_section(data)
+    out += projection_section(data)
     return "\n".join(out).rstrip("\n") + "\n"
 
 
 # --- summary and bottlenecks --------------------------------------------------------------------------------------
 
 SWEEP_CATEGORIES = 4  # the largest categories (over all captures) shown per row of the batch sweep
+
+
+def projection_section(data) -> list:
+    """On the target: the first capture's step projected with `report --to` (report/md_project.py)."""
+    from profattr.report.md_project import section
+
+    return section(getattr(data, "projection", None))
 
 
 def sweep_section(data) -> list:
