@@ -36,7 +36,7 @@ def _family(category: str) -> str:
 
 def test_list_is_well_formed(rules):
     known = set(rules.categories)
-    assert {r["split"] for r in ROWS} == {"looked", "heldout"}
+    assert {r["split"] for r in ROWS} == {"looked", "heldout1", "heldout2"}
     for row in ROWS:
         assert len(row) == len(KEYS) and all(row.values()), row
         assert row["category"] in known, row
@@ -50,17 +50,17 @@ def test_looked_names_land_in_their_category(rules, row):
     assert rules.classify(row["name"]) == row["category"]
 
 
-@pytest.mark.parametrize("row", [r for r in ROWS if r["split"] == "heldout"], ids=lambda r: r["name"][:60])
+@pytest.mark.parametrize("row", [r for r in ROWS if r["split"] != "looked"], ids=lambda r: r["name"][:60])
 def test_heldout_names_land_in_their_family(rules, row):
     assert _family(rules.classify(row["name"])) == _family(row["category"])
 
 
 def test_heldout_category_share(rules):
     """Held-back names whose dtype the printed name no longer carries (cut short) may miss the leaf, not the family:
-    11 of 13 hit the exact category when measured."""
-    held = [r for r in ROWS if r["split"] == "heldout"]
+    23 of 25 hit the exact category when measured (two cut-short FP8 GEMMs read as BF16)."""
+    held = [r for r in ROWS if r["split"] != "looked"]
     right = sum(rules.classify(r["name"]) == r["category"] for r in held)
-    assert right / len(held) >= 11 / 13
+    assert right / len(held) >= 23 / 25
 
 
 def test_cut_short_names_still_read_by_convention(rules):
@@ -70,4 +70,12 @@ def test_cut_short_names_still_read_by_convention(rules):
     assert rules.classify("_ZN7cutlass13device_kernelINS_4gemm6kernel13GemmUniversalIN4cute5tupl...") == "gemm.bf16"
     assert rules.classify("void cutlass::device_kernel<flash::enable_sm90_or_later<flash::FlashAttnFwdSm90<...") \
         == "attention.decode"
+    assert rules.classify("void cutlass::device_kernel<flash::enable_sm90_or_later<flash::FlashA...") == "attention.decode"
     assert _family(rules.classify("device_kernel")) != "gemm"  # the short name alone says nothing
+
+
+def test_s16816_gemm_is_half_precision(rules):
+    """The m16n8k16 tensor-core MMA takes FP16/BF16 operands only; s1688 (TF32) and simt sgemm stay FP32."""
+    assert rules.classify("void cutlass::Kernel2<cutlass_80_tensorop_s16816gemm...") == "gemm.bf16"
+    assert rules.classify("cutlass_80_tensorop_s1688gemm_128x128_32x3_nn_align4") == "gemm.fp32"
+    assert rules.classify("cutlass_80_simt_sgemm_128x64_8x5_nn_align1") == "gemm.fp32"
