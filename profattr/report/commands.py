@@ -44,15 +44,15 @@ def output_files(data) -> dict:
 
 
 def write_report(data, out_dir: Path, force: bool = False) -> list:
-    """Write report.md and its charts into `out_dir`; returns the paths written. Refuses to replace any existing
+    """Write report.md, details.md and the charts into `out_dir`; returns the paths written. Refuses to replace any existing
     file without `force`."""
     from profattr.limits.chart import write_gap_chart
     from profattr.report import charts
     from profattr.report.campaign import write_campaign_chart
-    from profattr.report.markdown import render_report
+    from profattr.report.markdown import DETAILS_FILE, render_details, render_report
 
     files = output_files(data)
-    targets = [out_dir / REPORT_FILE] + [out_dir / f for f in files.values()]
+    targets = [out_dir / REPORT_FILE, out_dir / DETAILS_FILE] + [out_dir / f for f in files.values()]
     for target in targets:  # every file first: a refused report writes nothing
         _check_target(target, out_dir, force)
     ensure_folder(out_dir)
@@ -68,9 +68,10 @@ def write_report(data, out_dir: Path, force: bool = False) -> list:
         role = f"gap:{cap.label}"
         if role in files:
             with atomic_path(out_dir / files[role], force) as tmp:
-                write_gap_chart(cap.gap, tmp)
+                write_gap_chart(cap.gap, tmp, label=cap.label)
     data.charts = files
     write_text(out_dir / REPORT_FILE, render_report(data), force, newline=False)
+    write_text(out_dir / DETAILS_FILE, render_details(data), force, newline=False)
     return targets
 
 
@@ -215,7 +216,7 @@ def report(captures, output, steps, skip_steps, rules, hardware, labels, changed
         command = _command_line(captures, output, steps, rules, hardware, labels, samples, changed, mappings,
                                 ledger_path)
         written = write_campaign_report(campaign, ledger_path, output, command, force=force)
-        click.echo(f"wrote {written[0]} and {len(written) - 1} chart(s)")
+        click.echo(f"wrote {written[0]}, {written[1].name} and {len(written) - 2} chart(s)")
         return
     data = collect_report(list(captures), labels=label_list, steps=steps, skip_steps=skip_steps, rules=rules,
                           hardware=hardware,
@@ -228,7 +229,7 @@ def report(captures, output, steps, skip_steps, rules, hardware, labels, changed
                     + "".join(f" --graph-twin {shlex.quote(t)}" for t in graph_twins))
     data.campaign, data.campaign_ledger = campaign, ledger_path
     written = write_report(data, output, force=force)
-    click.echo(f"wrote {written[0]} and {len(written) - 1} chart(s)")
+    click.echo(f"wrote {written[0]}, {written[1].name} and {len(written) - 2} chart(s)")
 
 
 def _campaign(ledger_path, refs) -> list:

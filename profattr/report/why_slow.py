@@ -14,7 +14,7 @@ from typing import Optional, Sequence
 from profattr.attribute.kernel_bounds import THRESHOLDS, analyse_drill, shape_key
 from profattr.errors import ProfattrError
 from profattr.limits import kernel_floor
-from profattr.report.escape import md_escape
+from profattr.report.escape import md_escape, md_name
 from profattr.text import clean_tree
 from profattr.taxonomy.classify import load_rules
 from profattr.trace.ncu_csv import load_drill_run, read_ncu_csv
@@ -351,7 +351,7 @@ def section(data) -> list:
            f"under {THRESHOLDS['few_waves']['value']:g} of the GPU's CTA slots), latency-bound (neither, though the "
            "grid fills the GPU); the 60% line is Nsight Compute's own SOLBottleneck rule.", ""]
     for e in entries:
-        where = f"{md_escape(e['label'])}: {md_escape(e['attached'])}"
+        where = f"{md_name(e['label'])}: {md_escape(e['attached'])}"
         if e["analysis"] is None:
             out += [f"### {md_escape(Path(e['csv']).name)}", "", f"Skipped ({where}): {md_escape(e['note'])}", ""]
             continue
