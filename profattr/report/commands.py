@@ -216,7 +216,7 @@ def report(captures, output, steps, skip_steps, rules, hardware, labels, changed
         command = _command_line(captures, output, steps, rules, hardware, labels, samples, changed, mappings,
                                 ledger_path)
         written = write_campaign_report(campaign, ledger_path, output, command, force=force)
-        click.echo(f"wrote {written[0]}, {written[1].name} and {len(written) - 2} chart(s)")
+        click.echo(f"wrote {written[0]} and {len(written) - 1} chart(s)")
         return
     data = collect_report(list(captures), labels=label_list, steps=steps, skip_steps=skip_steps, rules=rules,
                           hardware=hardware,

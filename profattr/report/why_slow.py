@@ -316,10 +316,10 @@ def render_table(a: dict) -> str:
 
 
 def _md_table(headers: list, rows: list, text_columns: Sequence[int] = (0, 1)) -> list:
-    """A markdown table; the cells of `text_columns` come from the capture and are escaped, the rest are numbers
-    and words profattr wrote."""
+    """A markdown table; the cells of `text_columns` are identifiers from the capture (kernel, category), written as
+    code spans; the rest are numbers and words profattr wrote."""
     out = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
-    return out + ["| " + " | ".join(md_escape(c) if i in text_columns else str(c) for i, c in enumerate(r)) + " |"
+    return out + ["| " + " | ".join(md_name(c) if i in text_columns else str(c) for i, c in enumerate(r)) + " |"
                   for r in rows]
 
 
