@@ -28,15 +28,21 @@ def md_escape(text) -> str:
 
     Words that look like identifiers (see the module's doc) become code spans; elsewhere characters that make markup
     anywhere are backslash-escaped, `<`, `>` and `&` become entities (no HTML can open), and what only matters at the
-    start of a line (a heading `# `, a list `- `/`1. `, a line of `-` or `=`) is escaped there.
+    start of a line (a heading `# `, a list `- `/`1. `, a line of `-` or `=`) becomes a numeric character
+    reference there (`&#45;`), which shows as the character and is never markup.
     """
     s = clean(text)
     s = _WORD.sub(lambda m: _word(m.group(0)), s)
     if s.startswith("`"):
         return s
     for pattern in (_HEADING, _BULLET, _RULE):
-        s = pattern.sub(lambda m: m.group(1) + "\\" + m.group(2), s, count=1)
-    return _ORDERED.sub(lambda m: m.group(1) + m.group(2) + "\\" + m.group(3), s, count=1)
+        s = pattern.sub(lambda m: m.group(1) + _entity(m.group(2)[0]) + m.group(2)[1:], s, count=1)
+    return _ORDERED.sub(lambda m: m.group(1) + m.group(2) + _entity(m.group(3)), s, count=1)
+
+
+def _entity(ch: str) -> str:
+    """A character as a numeric reference: it shows as itself, and CommonMark never reads it as markup."""
+    return f"&#{ord(ch)};"
 
 
 def _word(word: str) -> str:
