@@ -12,7 +12,7 @@ from profattr.report.md_table import _devices_label, _multi_device, _pct, _table
 
 SUMMARY_CATEGORIES = 3  # the largest categories named in the Summary
 LISTED_STEPS = 4  # captures named one by one in the Summary's first line; more are a range
-REASON_WORDS = 32  # a ranked bottleneck's reason in the list, at most; the rest is in "Bottlenecks in detail"
+REASON_WORDS = 36  # a ranked bottleneck's reason in the list, at most; the rest is in "Bottlenecks in detail"
 
 
 def _devices(data) -> list:
@@ -125,20 +125,33 @@ def _also(data, b) -> str:
 
 
 def short_reason(reason: str, words: int = REASON_WORDS) -> tuple:
-    """(the reason's leading clauses within `words` words, whether anything was left out)."""
+    """(the reason's leading clauses within `words` words, whether anything was left out). A first clause too long
+    keeps its opening and its conclusion (the parts before the first and after the last ": ") and as much of the
+    middle as fits."""
     clauses = reason.split("; ")
     taken, count = [], 0
     for clause in clauses:
         n = len(clause.split())
         if taken and count + n > words:
             break
-        taken.append(clause)
-        count += n
+        taken.append(clause if taken else _fit(clause, words))
+        count += len(taken[-1].split())
     text = "; ".join(taken)
-    cut = len(taken) < len(clauses)
+    cut = len(taken) < len(clauses) or taken[0] != clauses[0]
     if len(text.split()) > words:
         text, cut = " ".join(text.split()[:words]) + " …", True
     return text, cut
+
+
+def _fit(clause: str, words: int) -> str:
+    parts = clause.split(": ")
+    if len(clause.split()) <= words or len(parts) < 3:
+        return clause
+    kept = [parts[0]]
+    for part in parts[1:-1]:
+        if len(": ".join(kept + [part, parts[-1]]).split()) <= words:
+            kept.append(part)
+    return ": ".join(kept + [parts[-1]])
 
 
 def bottleneck_section(data) -> list:
@@ -159,8 +172,9 @@ def bottleneck_section(data) -> list:
     for b in data.bottlenecks:
         of = "of the slower step" if b["kind"] == "diff" else "of the step"
         text, _ = short_reason(b["reason"])
+        end = "" if text.endswith("…") else "."
         out.append(f"{b['rank']}. **{md_escape(b['title'])}** ({_where(data, b)}; {b['ms_per_step']:.3f} ms/step, "
-                   f"{_pct(b['share_of_step'])} {of}): {md_escape(text)}.")
+                   f"{_pct(b['share_of_step'])} {of}): {md_escape(text)}{end}")
     return out + [""]
 
 
