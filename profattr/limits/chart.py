@@ -36,7 +36,8 @@ def write_gap_chart(gap: Dict[str, Any], path: Path, label: Optional[str] = None
         ax.set_yticks(y)
         ax.set_yticklabels(labels, fontsize=8)
         ax.set_xlabel("ms per step (floor, then each category above its floor, overlap, idle)")
-        who = f"{str(label).replace('$', chr(92) + '$')} / GPU {dev['device']}" if label else f"device {dev['device']}"
+        name = str(label).replace("$", "\\$") if label else None  # no mathtext from capture strings
+        who = (name if len(devices) == 1 else f"{name} / GPU {dev['device']}") if name else f"device {dev['device']}"
         ax.set_title(f"{who}: floor {dev['floor_ms']:.3f} ms -> measured "
                      f"{dev['measured_step_ms']:.3f} ms", fontsize=10)
     fig.tight_layout()

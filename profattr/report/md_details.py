@@ -66,9 +66,9 @@ def capture_header(cap) -> list:
     run = cap.run or {}
     budget = cap.budget
     out = [f"### {md_name(cap.label)}", ""]
-    lines = [f"capture: {md_escape(cap.path)}"]
+    lines = [f"capture: {md_name(cap.path)}"]
     if cap.run_path:
-        lines.append(f"run metadata: {md_escape(cap.run_path)}")
+        lines.append(f"run metadata: {md_name(cap.run_path)}")
     if cap.run_note:
         lines.append(md_escape(cap.run_note))
     if run.get("created_utc"):
@@ -85,7 +85,7 @@ def capture_header(cap) -> list:
                      f"{md_escape(workload.get('dtype', '?'))}")
     if run.get("model"):
         requests = run.get("requests") if isinstance(run.get("requests"), dict) else {}
-        lines.append(f"model: {md_escape(run['model'])}, tp {md_escape(run.get('tp', '?'))}, batch "
+        lines.append(f"model: {md_name(run['model'])}, tp {md_escape(run.get('tp', '?'))}, batch "
                      f"{md_escape(requests.get('batch', '?'))}, {md_escape(requests.get('input_len', '?'))} input "
                      f"tokens, {md_escape(requests.get('max_new_tokens', '?'))} new tokens")
     gpus = _gpu_list(cap)
@@ -116,7 +116,7 @@ def capture_header(cap) -> list:
             text += f"; under nsys {profiled:.3f} ms/token ({profiled / unprofiled:.2f}x)"
         lines.append(text)
     steps = budget["steps"]
-    lines.append(f"steps: {md_escape(steps['source'])} ×{steps['count']} ({md_escape(steps.get('reason', ''))})")
+    lines.append(f"steps: {md_name(steps['source'])} ×{steps['count']} ({md_escape(steps.get('reason', ''))})")
     if budget.get("nvtx_context"):
         lines.append(f"NVTX context of replayed kernels: {md_escape(budget['nvtx_context'])}")
     out += [f"- {line}" for line in lines]
