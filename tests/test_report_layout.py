@@ -102,3 +102,27 @@ def test_waterfall_columns_add_up_from_floor_to_measured(main_report):
         measured = float(rows[-1][col].strip("*"))
         assert floor + parts == pytest.approx(measured, abs=5e-4 * len(rows))
         assert measured == pytest.approx(expected_nvtx_like(path, "step[DECODE bs=%]")[0]["mean_step_ms"], abs=6e-4)
+
+
+# --- the escaping rules on edge cases (synthetic strings) -------------------------------------------------------------
+
+def test_identifiers_become_code_spans_that_nothing_inside_can_break():
+    from profattr.report.escape import md_escape, md_name
+
+    assert md_name("x`y") == "``x`y``"  # a longer fence than the backtick run inside
+    assert md_name("`a`") == "`` `a` ``"  # padded: a span may not start or end with its own fence
+    assert md_name("a|b") == "`a`\\|`b`"  # the pipe outside the spans, escaped: a table cell stays one cell
+    assert not re.search(r"[\x00-\x1f\x7f]", md_name("ab\x1b[31mc\x07\nd"))  # control characters stripped
+    assert md_escape("run deep_gemm's kernels") == "run `deep_gemm`'s kernels"
+    assert md_escape("NVTX 'scheduler.run_batch', 0.003 ms") == "NVTX '`scheduler.run_batch`', 0.003 ms"
+    # a word with `*` is a name (a glob, say): code; other markup is escaped, HTML cannot open
+    assert md_escape("a *b* [c](d) $x$ <i>") == "a `*b*` \\[c\\](d) \\$x\\$ &lt;i&gt;"
+
+
+def test_line_start_markup_is_neutralised_without_backslashes():
+    from profattr.report.escape import md_escape
+
+    assert md_escape("- x") == "&#45; x" and md_escape("# x") == "&#35; x" and md_escape("1. x") == "1&#46; x"
+    assert md_escape("---") == "&#45;--"  # a setext underline / thematic break
+    for text in ("-0.009 ms", "0.1.0", "#3 of 5", "2024.2.3"):  # no markup here: left as is
+        assert md_escape(text) == text
