@@ -44,8 +44,8 @@ def output_files(data) -> dict:
 
 
 def write_report(data, out_dir: Path, force: bool = False) -> list:
-    """Write report.md, details.md and the charts into `out_dir`; returns the paths written. Refuses to replace any existing
-    file without `force`."""
+    """Write report.md, details.md and the charts into `out_dir`; returns the paths written (report.md, details.md,
+    then the charts). Refuses to replace any existing file without `force`."""
     from profattr.limits.chart import write_gap_chart
     from profattr.report import charts
     from profattr.report.campaign import write_campaign_chart
@@ -150,7 +150,7 @@ def _drill_items(drills, captures) -> list:
 @click.command()
 @click.argument("captures", nargs=-1, type=click.Path())
 @click.option("-o", "--output", "output", required=True, type=click.Path(file_okay=False, path_type=Path),
-              help="Folder to write report.md and its PNG charts into (created when missing).")
+              help="Folder to write report.md, details.md and the PNG charts into (created when missing).")
 @steps_option
 @rules_option
 @click.option("--hardware", "-H", default=None,
@@ -178,11 +178,12 @@ def _drill_items(drills, captures) -> list:
 @click.option("--layers", is_flag=True,
               help="Break every capture's step down by model layer (NVTX layer ranges, e.g. SGLang's "
                    "--enable-layerwise-nvtx-marker); captures given a --mapping always are.")
-@click.option("--force", is_flag=True, help="Overwrite an existing report (report.md and charts) in the folder.")
+@click.option("--force", is_flag=True, help="Overwrite an existing report (report.md, details.md and charts) in the folder.")
 @cache_option
 def report(captures, output, steps, skip_steps, rules, hardware, labels, changed, samples, mappings, layers, force,
            ledger_path, drills, graph_twins):
-    """Write the bottleneck report of CAPTURES to OUTPUT/report.md, with PNG charts.
+    """Write the bottleneck report of CAPTURES to OUTPUT/report.md, with PNG charts and OUTPUT/details.md (how to
+    reproduce it: run facts, versions, checks, gap tables).
 
     CAPTURES are Nsight Systems SQLite exports, .nsys-rep reports or torch-profiler traces; the first is the
     baseline every other capture is compared with (where batch sizes differ, the first of the same batch; a batch

@@ -40,7 +40,7 @@ def render_report(data) -> str:
     """report.md: the analysis, then a short Reproducibility section that links the details file."""
     out = [f"# Decode step report: {_title(data)}", ""]
     out += [f"Written by profattr {md_escape(__version__)}. Everything below is per decode step and per GPU, measured "
-            "from the captures listed under Reproducibility; shares are of the mean step.", ""]
+            "from the captures listed under Reproducibility (in full in details.md); shares are of the mean step.", ""]
     out += summary_section(data)
     out += bottleneck_section(data)
     out += waterfall_section(data)
