@@ -3,7 +3,6 @@ of every capture against the first. The renderers (markdown.py, charts.py) take 
 """
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +15,7 @@ from profattr.report import why_slow
 from profattr.report.bottlenecks import rank_bottlenecks
 from profattr.report.budget_view import exclusive_ms
 from profattr.report.launches import launch_stats
+from profattr.report.timeline import capture_views
 from profattr.taxonomy.classify import load_rules
 
 # rules about kernels of other GPU generations or FP4 formats: the part of the taxonomy these captures cannot test
@@ -38,6 +38,7 @@ class CaptureReport:
     gap_note: Optional[str] = None  # why there is no gap (plain text, unescaped)
     side: Optional[Side] = field(default=None, repr=False)
     why_slow: dict = field(default_factory=dict)  # category -> sentence from this capture's ncu drills
+    timeline: Optional[list] = field(default=None, repr=False)  # report.timeline.step_view per GPU (median step)
 
     def as_input(self) -> dict:
         """The plain structure bottlenecks.py and charts.py take."""
@@ -59,6 +60,8 @@ class ReportData:
     campaign_ledger: Optional[str] = None  # the ledger's path, as given
     drills: list = field(default_factory=list)  # why_slow.collect_drills entries
     sweep: list = field(default_factory=list)  # batch_sweep rows, when the captures decode several batch sizes
+    out_dir: Optional[str] = None  # the report's folder, while write_report writes it (the sections' own charts)
+    projection: Optional[dict] = None  # profattr.project/1 of the first capture, with report --to
 
 
 def default_labels(names: Sequence[str]) -> list:
@@ -98,19 +101,13 @@ def group_name(cap: "CaptureReport") -> str:
 
 def read_run(path: Path):
     """(run dict or None, run.json path shown, note)."""
+    from profattr import run_record
     from profattr.trace.reader import run_json_path
 
-    from profattr import inputs
-
-    run_path = run_json_path(path)
-    if not inputs.is_regular_file(run_path):
-        return None, None, f"no {run_path.name} beside the capture: commands, versions and lint are unknown"
-    try:
-        run = json.loads(inputs.read_text(run_path, "a run.json"))
-    except (ProfattrError, ValueError, RecursionError) as exc:
-        return None, str(run_path), f"{run_path.name} is not readable JSON ({exc})"
-    if not isinstance(run, dict):
-        return None, str(run_path), f"{run_path.name} is not a JSON object"
+    run, run_path = run_record.beside(path)  # one there that cannot be trusted is an error
+    if run is None:
+        return None, None, (f"no {run_json_path(path).name} beside the capture: commands, versions and lint are "
+                            "unknown")
     return run, str(run_path), None
 
 
@@ -255,6 +252,7 @@ def collect_report(paths: Sequence, labels: Optional[Sequence[str]] = None, step
                                 skip_steps=skip_steps, mapping=mapping, by=by)
         launches = launch_stats(budget)
         _add_graph_tracing(launches, Path(budget.path), (graph_twins or {}).get(given))
+        views = capture_views(budget)  # the median step of each GPU, for the timeline (report/timeline.py)
         budget.attribution = None  # the arrays are no longer needed; the diff needs only the per-step tables
         data = budget.to_dict()
         checks, checks_source, checks_note = lint_findings(Path(budget.path), run)
@@ -272,7 +270,7 @@ def collect_report(paths: Sequence, labels: Optional[Sequence[str]] = None, step
         captures.append(CaptureReport(label="", path=str(given), budget=data, launches=launches, run=run,
                                       run_path=run_path, run_note=run_note, checks=checks,
                                       checks_source=checks_source, checks_note=checks_note, gap=gap,
-                                      gap_note=gap_note, side=side))
+                                      gap_note=gap_note, side=side, timeline=views))
     names = list(labels) if labels is not None else default_labels(
         [group_name(c) if c.side is not None and len(c.side.members) > 1 else capture_name(Path(c.path), c.run)
          for c in captures])

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from profattr import __version__
 from profattr.report import why_slow
-from profattr.report.budget_view import category_table_md, layer_name
+from profattr.report.budget_view import category_table_md, decided_by_lines, layer_name
 from profattr.report.campaign import campaign_section
 from profattr.report.escape import md_escape, md_name
 from profattr.report.md_details import (  # noqa: F401  (evidence_lines, capture_header: for callers)
@@ -24,6 +24,8 @@ from profattr.report.md_diff import diff_explanation, diff_section  # noqa: F401
 from profattr.report.md_runtime import launch_section, tp_section
 from profattr.report.md_summary import (  # noqa: F401  (summary_lines: for callers)
     bottleneck_detail_section, bottleneck_section, summary_lines, summary_section, waterfall_section)
+from profattr.report.timeline import timeline_section
+from profattr.report.distribution_view import distribution_section
 from profattr.report.shapes import short_kernel_line, shape_rows
 from profattr.report.md_table import (  # noqa: F401  (code_block: for campaign.py)
     _devices_label, _multi_device, _pct, _short, _table, code_block)
@@ -50,8 +52,10 @@ def render_report(data) -> str:
     out += category_chart_section(data)
     out += campaign_section(data)
     out += launch_section(data)
+    out += timeline_section(data, data.out_dir) + distribution_section(data, data.out_dir)
     out += tp_section(data)
     out += diff_section(data)
+    out += projection_section(data)
     out += why_slow.section(data)
     out += bottleneck_detail_section(data)
     out += reproducibility_summary(data)
@@ -92,6 +96,13 @@ def reproducibility_summary(data) -> list:
 # --- summary and bottlenecks --------------------------------------------------------------------------------------
 
 SWEEP_CATEGORIES = 4  # the largest categories (over all captures) shown per row of the batch sweep
+
+
+def projection_section(data) -> list:
+    """On the target: the first capture's step projected with `report --to` (report/md_project.py)."""
+    from profattr.report.md_project import section
+
+    return section(getattr(data, "projection", None))
 
 
 def sweep_section(data) -> list:
@@ -146,6 +157,10 @@ def budget_section(data) -> list:
             if outside.get("ops"):
                 notes.append(f"outside every step (not in the budget): {outside['ops']} ops, {outside['ms']:.3f} ms")
             out += ["", "; ".join(notes) + ".", ""]
+            evidence = decided_by_lines(d)
+            if evidence:
+                out += [md_escape(evidence[0]), ""]
+                out += [f"- {md_escape(line.strip())}" for line in evidence[1:]] + ([""] if len(evidence) > 1 else [])
             out += _layer_table(d)
     return out
 

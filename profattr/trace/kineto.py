@@ -9,6 +9,10 @@ What a trace holds (torch 2.x, CUPTI activities), and how it maps:
   the kernels of each replay in GPU start order);
 - `cat` user_annotation: CPU-side ranges (`record_function`, SGLang's `step[DECODE bs=N]` spans, `ProfilerStep#N`),
   the ranges of the NVTX projection;
+- `cat` cpu_op: the torch operators (`aten::mm`, `sgl_kernel::moe_align_block_size`, `vllm::...`) on (pid, tid); the
+  innermost one around a kernel's launch call is the op that launched it (`torch_ops`, the launch context);
+- `cat` python_function (traces recorded with_stack): the Python frames on (pid, tid), `file.py(line): function`;
+  the frames around a launch are its Python stack (`python_frames`);
 - top level: `deviceProperties` (GPUs), `distributedInfo` (rank, world size), `baseTimeNanoseconds`, versions.
 Times: `ts` and `dur` are microseconds; ns = round(us * 1000). Ranks are told apart by file: file k's processes and
 threads get k in their high bits; the ranks of one run share the host clock, so their times line up.
@@ -35,6 +39,8 @@ from profattr.trace.validate import INT31, TORCH_NAMES, Claims
 GPU_CATS = {"kernel": KIND_KERNEL, "gpu_memcpy": KIND_MEMCPY, "gpu_memset": KIND_MEMSET}
 API_CATS = ("cuda_runtime", "cuda_driver")
 RANGE_CATS = ("user_annotation",)
+OP_CATS = ("cpu_op",)
+FRAME_CATS = ("python_function",)
 # "Memcpy HtoD (Pinned -> Device)" -> ENUM_CUDA_MEMCPY_OPER codes, as in nsys exports
 COPY_CODES = {"HtoD": 1, "DtoH": 2, "HtoA": 3, "AtoH": 4, "AtoA": 5, "AtoD": 6, "DtoA": 7, "DtoD": 8, "HtoH": 9,
               "PtoP": 10}
@@ -128,6 +134,8 @@ class KinetoTrace:
                               "bx", "by", "bz", "regs"])
         self._api = _Columns(["tid", "start", "end", "key", "name"])
         self._ranges = _Columns(["tid", "start", "end", "name"])
+        self._torch_ops = _Columns(["tid", "start", "end", "name"])
+        self._frames = _Columns(["tid", "start", "end", "name"])
         self.skipped: dict = {}
         self.gpus: list = []
         self.ranks: list = []
@@ -135,9 +143,12 @@ class KinetoTrace:
         for index, f in enumerate(self.files):
             self._read(index, f)
         self._check_ranks()
-        self.claims = Claims(self.path, None, names=TORCH_NAMES, skipped={
-            "trace events": {**self.skipped, "rows": sum(self.skipped.values())}} if self.skipped else None)
         if not len(self._gpu.cols["start"]):
+            damaged = sum(n for why, n in self.skipped.items() if why.split()[0] in GPU_CATS)
+            if damaged:
+                raise ProfattrError(f"{self.path}: every one of its {damaged} GPU events lacks the fields a GPU op "
+                                    "needs (ts, dur, args.device, args.correlation as numbers): the trace is "
+                                    "damaged; copy it again, or profile again")
             raise ProfattrError(f"{self.path}: a torch-profiler trace without GPU events: it was profiled without "
                                 "GPU activity; capture with activities CPU and GPU (SGLang: /start_profile "
                                 "{\"activities\": [\"CPU\", \"GPU\"]}, or `profattr capture --profiler torch`; "
@@ -145,10 +156,14 @@ class KinetoTrace:
         self.schema_version = str(self.meta.get("schemaVersion")) if "schemaVersion" in self.meta else None
         self.tool_version = (f"torch profiler trace schema {self.schema_version}, CUPTI "
                              f"{self.meta.get('cupti_version')}, CUDA runtime {self.meta.get('cuda_runtime_version')}")
-        self._gpu_arrays = self._gpu.arrays()
-        self._api_arrays = self._api.arrays()
-        self._range_arrays = self._ranges.arrays()
-        del self._gpu, self._api, self._ranges
+        self._gpu_arrays = self._unique(self._gpu.arrays(), "GPU events")
+        self._api_arrays = self._unique(self._api.arrays(), "CUDA API events")
+        self._range_arrays = self._unique(self._ranges.arrays(), "user_annotation events")
+        self._op_arrays = self._torch_ops.arrays()
+        self._frame_arrays = self._frames.arrays()
+        del self._gpu, self._api, self._ranges, self._torch_ops, self._frames
+        self.claims = Claims(self.path, None, names=TORCH_NAMES, skipped={
+            "trace events": {**self.skipped, "rows": sum(self.skipped.values())}} if self.skipped else None)
         self.claims.window(self._gpu_arrays["start"])  # the time range, from the GPU work, before anything asks
 
     # --- reading ------------------------------------------------------------------------------------------------
@@ -158,13 +173,32 @@ class KinetoTrace:
             i = self.names[name] = len(self.names)
         return i
 
+    def _unique(self, arrays: dict, what: str) -> dict:
+        """`arrays` without exact repeats of an event (every field equal: the same op written twice, as a trace
+        concatenated with itself has it), which would count its time twice; the repeats are counted as skipped."""
+        n = len(arrays["start"])
+        if n < 2:
+            return arrays
+        table = np.ascontiguousarray(np.stack(list(arrays.values()), axis=1))
+        rows = table.view(np.dtype((np.void, table.dtype.itemsize * table.shape[1]))).reshape(-1)
+        _, first = np.unique(rows, return_index=True)
+        if len(first) == n:
+            return arrays
+        self.skipped[f"{what} repeated exactly (the same event twice)"] = n - len(first)
+        keep = np.sort(first)
+        return {k: v[keep] for k, v in arrays.items()}
+
     def _skip(self, why: str) -> None:
         self.skipped[why] = self.skipped.get(why, 0) + 1
 
     def _read(self, index: int, path: Path) -> None:
+        inputs.regular_file(path, "a torch-profiler trace (*.trace.json.gz)")
         try:
             with path.open("rb") as probe:
                 head = probe.read(2)
+            if not head:
+                raise ProfattrError(f"{path}: the file is empty, not a torch-profiler trace; copy the trace again "
+                                    "(SGLang writes it when the profiled window closes)")
             opener = gzip.open if head == b"\x1f\x8b" else open
             with opener(path, "rt", encoding="utf-8", errors="replace") as fh:
                 seen_events = False
@@ -182,7 +216,8 @@ class KinetoTrace:
         except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
             raise ProfattrError(f"{path}: a truncated or damaged gzip file ({exc}); copy the trace again") from None
         except JSONStreamError as exc:
-            raise ProfattrError(f"{path}: not a readable trace: {exc}") from None
+            raise ProfattrError(f"{path}: not a readable trace: {exc}; give a torch-profiler trace (Chrome trace "
+                                "JSON, .json or .json.gz), copied again whole") from None
         except RecursionError:
             raise ProfattrError(f"{path}: not a readable trace: JSON nested too deeply") from None
         except OSError as exc:
@@ -203,7 +238,8 @@ class KinetoTrace:
     def _events(self, index: int, events) -> None:
         high = index << FILE_SHIFT
         key_high = index << 32
-        gpu_add, api_add, range_add = self._gpu.add, self._api.add, self._ranges.add
+        gpu_add, api_add, range_add, op_add = self._gpu.add, self._api.add, self._ranges.add, self._torch_ops.add
+        frame_add = self._frames.add
         intern, skip = self._intern, self._skip
         for ev in events:
             if not isinstance(ev, dict) or ev.get("ph") != "X":
@@ -238,6 +274,14 @@ class KinetoTrace:
                 elif cat in RANGE_CATS:
                     start = round(float(ev["ts"]) * 1000)
                     range_add(high | int(ev["tid"]), start, start + round(float(ev["dur"]) * 1000),
+                              intern(str(ev["name"])))
+                elif cat in OP_CATS:
+                    start = round(float(ev["ts"]) * 1000)
+                    op_add(high | int(ev["tid"]), start, start + round(float(ev["dur"]) * 1000),
+                           intern(str(ev["name"])))
+                elif cat in FRAME_CATS:
+                    start = round(float(ev["ts"]) * 1000)
+                    frame_add(high | int(ev["tid"]), start, start + round(float(ev["dur"]) * 1000),
                               intern(str(ev["name"])))
             except (KeyError, TypeError, ValueError, IndexError, OverflowError, AttributeError):
                 skip(f"{cat} events without the fields they need")
@@ -310,6 +354,20 @@ class KinetoTrace:
         return self.claims.ranges(pd.DataFrame({"start": r["start"], "end": r["end"], "tid": r["tid"],
                                                 "text": pd.Series([names[int(i)] for i in r["name"]], dtype=object),
                                                 "domain": ""}))
+
+    def torch_ops(self) -> pd.DataFrame:
+        """The torch operators (cpu_op events) as start, end, tid, text; empty when the trace recorded none."""
+        r = self._op_arrays
+        names = self.strings(np.unique(r["name"]))
+        return pd.DataFrame({"start": r["start"], "end": r["end"], "tid": r["tid"],
+                             "text": pd.Series([names[int(i)] for i in r["name"]], dtype=object)})
+
+    def python_frames(self) -> pd.DataFrame:
+        """The Python frames (python_function events) as start, end, tid, text; empty without with_stack."""
+        r = self._frame_arrays
+        names = self.strings(np.unique(r["name"]))
+        return pd.DataFrame({"start": r["start"], "end": r["end"], "tid": r["tid"],
+                             "text": pd.Series([names[int(i)] for i in r["name"]], dtype=object)})
 
     def _api_kinds(self) -> np.ndarray:
         a = self._api_arrays
