@@ -337,7 +337,7 @@ def _md_shares(text: str, after: str) -> dict:
         if not line.startswith("|"):
             break
         cells = [c.strip() for c in line.strip("|").split(" | ")]
-        out[cells[0].replace("\\", "").strip("*")] = cells[2]
+        out[cells[0].replace("\\", "").strip("*").strip("`")] = cells[2]  # a category is a code span
     return out
 
 

@@ -243,7 +243,7 @@ def test_show_gives_back_the_budget_json(ledger, budgets):
         assert_close(shown["budget"], b, label)
     table = ok("ledger", "show", "2", "--ledger", ledger)
     assert "triton_kernel" in table and "requested triton_kernel, resolved triton_kernel" in table
-    assert "triton\\_kernel" in ok("ledger", "show", "2", "--ledger", ledger, "--format", "markdown")
+    assert "`triton_kernel`" in ok("ledger", "show", "2", "--ledger", ledger, "--format", "markdown")
     assert ok("ledger", "show", TP2, "--ledger", ledger, "--format", "csv").startswith("device,row,")
 
 
@@ -287,7 +287,7 @@ def test_list_in_insertion_order(ledger, captures, budgets):
     assert text.splitlines()[1].split()[:2] == ["1", "triton"]
     csv_lines = ok("ledger", "list", "--ledger", ledger, "--format", "csv").splitlines()
     assert csv_lines[0].startswith("id,label,ms_per_token,device,step_ms,category_1") and len(csv_lines) == 4
-    assert "| 2 | triton\\_kernel |" in ok("ledger", "list", "--ledger", ledger, "--format", "markdown")
+    assert "| 2 | `triton_kernel` |" in ok("ledger", "list", "--ledger", ledger, "--format", "markdown")
 
 
 def _assert_same_diff(got: dict, want: dict):
@@ -326,7 +326,7 @@ def test_compare_keeps_the_comm_wait_split_and_its_intervals(ledger, captures):
 def test_compare_renders_as_table_markdown_and_csv(ledger):
     table = ok("ledger", "compare", "1", "2", "--ledger", ledger, "--samples", "50")
     assert table.startswith("A: entry 1 (triton)") and "category:moe.gemm" in table
-    assert "triton\\_kernel ms" in ok("ledger", "compare", "1", "2", "--ledger", ledger, "--samples", "50",
+    assert "`triton_kernel` ms" in ok("ledger", "compare", "1", "2", "--ledger", ledger, "--samples", "50",
                                        "--format", "markdown")
     csv_text = ok("ledger", "compare", "1", "2", "--ledger", ledger, "--samples", "50", "--format", "csv")
     assert csv_text.splitlines()[0] == ("device,component,a_ms_per_step,b_ms_per_step,delta_ms_per_step,ci95_low,"
@@ -527,7 +527,7 @@ def test_campaign_report_from_the_ledger(ledger, budgets, tmp_path):
     assert len(table) == len(want)
     for row, (label, d) in zip(table, want):
         cells = dict(zip(names, row))
-        assert cells["label"] == label.replace("_", "\\_")
+        assert cells["label"] == f"`{label}`"  # labels are code spans
         assert cells["step ms (median)"] == f"{d['step_ms']:.3f}"
         assert cells["idle"] == f"{d['idle_ms_per_step']:.3f}"
         # the bars stack exclusive time: categories + other + idle = mean step
@@ -543,7 +543,7 @@ def test_campaign_report_from_the_ledger(ledger, budgets, tmp_path):
     picked = tmp_path / "picked"
     ok("report", "--ledger", ledger, "--labels", "triton_kernel,1", "-o", picked)
     labels = [r[1] for r in table_rows((picked / "report.md").read_text(), "| entry | label | GPU")]
-    assert labels == ["triton\\_kernel", "triton"]
+    assert labels == ["`triton_kernel`", "`triton`"]
     assert_one_line_error(run("report", "--ledger", ledger, "--labels", "nope", "-o", tmp_path / "x"), "no entry")
     assert_one_line_error(run("report", "-o", tmp_path / "y"), "--ledger")
 
@@ -557,7 +557,7 @@ def test_capture_report_gets_a_campaign_section(small, tmp_path):
     assert lines.index("## Categories per capture") < lines.index("## Campaign") < lines.index(
         "## Idle time and launches")
     assert (out / "campaign.png").exists() and "--ledger" in text
-    assert "| 2 | a\\|b\\*c &lt;x&gt; |" in text  # a label is stored as given, escaped in markdown
+    assert "| 2 | `a`\\|`b*c <x>` |" in text  # a label is stored as given, code in markdown (split at `|`)
     assert rows(small, "SELECT label FROM entries WHERE id = 2") == [{"label": "a|b*c <x>"}]
 
 

@@ -23,10 +23,12 @@ TRITON = EXAMPLES / "sglang-triton-bs1.sqlite"
 TRITON_KERNEL = EXAMPLES / "sglang-triton_kernel-bs1.sqlite"
 SAMPLES = "200"  # bootstrap samples: enough for the interval to exist, few enough to stay fast
 
-SECTIONS = ["# Decode step report: triton vs triton\\_kernel", "## Summary", "## Bottlenecks, ranked",
-            "## Reproducibility", "## Per-step budget", "## Top kernels", "## Categories per capture",
-            "## Idle time and launches", "## Differences against triton", "### triton\\_kernel vs triton",
-            "## Capture checks", "## Gap to the hardware limit"]
+# report.md in reading order (analysis first, Reproducibility last); details.md holds the long reproducibility part
+SECTIONS = ["# Decode step report: `triton` vs `triton_kernel`", "## Summary", "## Bottlenecks, ranked",
+            "## Per-step budget", "## Top kernels", "## Categories per capture", "## Idle time and launches",
+            "## Differences against `triton`", "### `triton_kernel` vs `triton`", "## Bottlenecks in detail",
+            "## Reproducibility"]
+DETAILS = ["## Reproducibility", "## Capture checks", "## Gap to the hardware limit"]
 
 
 def _ro(path):
@@ -104,18 +106,21 @@ def sglang_report(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def expected():
-    return {"triton": expected_graph_steps(TRITON), "triton\\_kernel": expected_graph_steps(TRITON_KERNEL)}
+    return {"`triton`": expected_graph_steps(TRITON), "`triton_kernel`": expected_graph_steps(TRITON_KERNEL)}
 
 
 def test_report_has_every_section_and_chart(sglang_report):
     out, text = sglang_report
-    for heading in SECTIONS:
-        assert heading in text.splitlines(), heading
+    lines = text.splitlines()
+    assert [h for h in lines if h in SECTIONS] == SECTIONS  # each once, in this order
+    assert "[details.md](details.md)" in text
+    details = (out / "details.md").read_text(encoding="utf-8")
+    assert [h for h in details.splitlines() if h in DETAILS] == DETAILS
     for png in ("categories.png", "launches.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert f"]({png})" in text
     # SGLang captures have no workload spec: the gap section says so instead of inventing a model
-    assert "records neither the built-in workload nor the served model" in text.replace("\\", "")
+    assert "records neither the built-in workload nor the served model" in details
 
 
 def test_kernels_and_step_time_per_capture_match_sql(sglang_report, expected):
@@ -135,14 +140,14 @@ def test_kernels_and_step_time_per_capture_match_sql(sglang_report, expected):
 
 def test_step_delta_matches_sql(sglang_report, expected):
     _, text = sglang_report
-    want = expected["triton\\_kernel"]["step_ms"] - expected["triton"]["step_ms"]
+    want = expected["`triton_kernel`"]["step_ms"] - expected["`triton`"]["step_ms"]
     m = re.search(r"\*\*GPU 0\*\*: ([\d.]+) → ([\d.]+) ms/step \(\*\*([+-][\d.]+) ms\*\*", text)
     assert m, "diff headline missing"
     assert abs(float(m.group(3)) - want) <= 5e-4 + 1e-9
-    assert abs(float(m.group(1)) - expected["triton"]["step_ms"]) <= 5e-4 + 1e-9
+    assert abs(float(m.group(1)) - expected["`triton`"]["step_ms"]) <= 5e-4 + 1e-9
     # the explanation states the same change in words, with the right direction
     direction = "slower" if want > 0 else "faster"
-    m2 = re.search(rf"triton\\_kernel is {direction} than triton by ([\d.]+) ms/step", text)
+    m2 = re.search(rf"`triton_kernel` is {direction} than `triton` by ([\d.]+) ms/step", text)
     assert m2 and abs(float(m2.group(1)) - abs(want)) <= 5e-4 + 1e-9
 
 
@@ -211,18 +216,31 @@ def evil_report(evil_pair, tmp_path_factory):
     return out, blocked, stray
 
 
+CODE_SPAN = re.compile(r"(?<!`)(`+)(?!`)(.+?)(?<!`)\1(?!`)")  # an inline code span: a run of n backticks .. n
+
+
+def outside_code(text: str) -> str:
+    """The markdown with fenced code blocks and inline code spans taken out: what a renderer reads as markup."""
+    prose = re.sub(r"^(`{3,})sh\n.*?\n\1$", "", text, flags=re.S | re.M)
+    return CODE_SPAN.sub("", prose)
+
+
 def test_capture_strings_are_escaped(evil_report):
     out, _, _ = evil_report
+    for name in ("report.md", "details.md"):
+        text = (out / name).read_text(encoding="utf-8")
+        # fenced code blocks (the report's own command line) and code spans (identifiers) show text literally;
+        # everything else must be escaped
+        prose = outside_code(text)
+        assert "`" not in prose  # every fence and code span was closed where it should be
+        for raw in ("<img", "<script>", "<b>", "*bold*", "[link](", "`tick`", "*$x$*"):
+            assert raw not in prose, raw  # none of the names' markup survives outside code
     text = (out / "report.md").read_text(encoding="utf-8")
-    # fenced code blocks (the report's own command line) show text literally; everything else must be escaped
-    prose = re.sub(r"^(`{3,})sh\n.*?\n\1$", "", text, flags=re.S | re.M)
-    assert "```" not in prose  # every fence was closed where it should be
-    assert "evil" in prose  # the name is there ...
-    for raw in ("<img", "<script>", "<b>", "*bold*", "[link](", "`tick`", "*$x$*"):
-        assert raw not in prose, raw  # ... but none of its markup survives
-    assert "&lt;img src=x onerror=alert(1)&gt;" in prose
-    assert "&lt;script&gt;" in prose
-    assert "base&lt;b&gt;" in prose
+    prose = outside_code(text)
+    assert "evil" in prose and "&lt;script&gt;" in prose and "kernel&lt;img" in prose  # the name is there, escaped
+    assert "`base<b>`" in text and "`new*$x$*`" in text  # the labels, as code
+    # a kernel name in a table: code spans split at its `|` (escaped between them), a longer fence around a backtick
+    assert "| `evil`\\|``kernel<img src=x onerror=alert(1)>*bold*_x_`tick`[link](http://e.x)#h`` |" in text
     # every table row keeps its column count: the `|` in the kernel name cannot split a cell
     lines = text.splitlines()
     for i, line in enumerate(lines):
@@ -271,10 +289,10 @@ def test_kernel_vs_idle_sentence_follows_the_sign_of_the_step_change():
     from profattr.report.markdown import diff_explanation
 
     grew = " ".join(diff_explanation(_diff_device(kernel=0.5, idle=-0.2), "A", "B"))
-    assert "B is slower than A by 0.300 ms/step" in grew
+    assert "`B` is slower than `A` by 0.300 ms/step" in grew  # the labels are code spans
     assert "the step grew by 0.300 ms, less than the kernel time" in grew.replace("\\", "")
     shrank = " ".join(diff_explanation(_diff_device(kernel=0.2, idle=-3.0), "A", "B"))
-    assert "B is faster than A by 2.800 ms/step" in shrank
+    assert "`B` is faster than `A` by 2.800 ms/step" in shrank
     assert "grew" not in shrank
     assert "gain is in launch/host time, not in kernels" in shrank
 

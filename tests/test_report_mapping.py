@@ -17,10 +17,11 @@ def test_report_with_mapping(tmp_path, export_example):
     r = CliRunner().invoke(cli, ["report", str(graph), "-o", str(out), "--mapping", f"{graph.name}={eager}"])
     assert r.exit_code == 0, r.output
     text = (out / "report.md").read_text()
-    assert "NVTX context of replayed kernels: mapping capture" in text
+    details = (out / "details.md").read_text()
+    assert "NVTX context of replayed kernels: mapping capture" in details
     # the router GEMM runs inside SGLang's `mlp.gate` module range: with the eager twin's context it is routing
     # (the report's kernel table lists one row per launch shape: the shape's column sits between name and category)
-    assert re.search(r"\| nvjet\\_sm90\\_tst\\_64x8\\_64x16\\_1x1\\_h\\_bz\\_TNT \| grid [^|]* \| moe\.routing \|", text)
+    assert re.search(r"\| `nvjet_sm90_tst_64x8_64x16_1x1_h_bz_TNT` \| grid [^|]* \| `moe\.routing` \|", text)
     assert f"--mapping {graph.name}=" in text  # the reproducibility command carries it
 
 

@@ -235,7 +235,7 @@ def test_lm_head_gets_its_own_efficiency_against_its_weight_bytes(name, budgets,
     result = CliRunner().invoke(cli, ["report", str(path), "-o", str(out)])
     assert result.exit_code == 0, result.output
     text = (out / "report.md").read_text()
-    assert f"{lm['efficiency_pct']:.1f}% of its limit" in text and "Logits projection (lm\\_head)" in text
+    assert f"{lm['efficiency_pct']:.1f}% of its limit" in text and "Logits projection (`lm_head`)" in text
 
 
 def _linear_mnk(text: str):

@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 MAX_DEVICES = 8  # one panel per device; more would be unreadable
 
 
-def write_gap_chart(gap: Dict[str, Any], path: Path) -> Path:
-    """Write the waterfall chart to `path` (PNG) and return the path."""
+def write_gap_chart(gap: Dict[str, Any], path: Path, label: Optional[str] = None) -> Path:
+    """Write the waterfall chart to `path` (PNG) and return the path. `label`: the capture's label, as the report's
+    tables name it, put before each panel's title."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -34,8 +35,10 @@ def write_gap_chart(gap: Dict[str, Any], path: Path) -> Path:
         ax.barh(y, widths, left=lefts, color=colors)
         ax.set_yticks(y)
         ax.set_yticklabels(labels, fontsize=8)
-        ax.set_xlabel("ms per step")
-        ax.set_title(f"device {dev['device']}: floor {dev['floor_ms']:.3f} ms -> measured "
+        ax.set_xlabel("ms per step (floor, then each category above its floor, overlap, idle)")
+        name = str(label).replace("$", "\\$") if label else None  # no mathtext from capture strings
+        who = (name if len(devices) == 1 else f"{name} / GPU {dev['device']}") if name else f"device {dev['device']}"
+        ax.set_title(f"{who}: floor {dev['floor_ms']:.3f} ms -> measured "
                      f"{dev['measured_step_ms']:.3f} ms", fontsize=10)
     fig.tight_layout()
     path = Path(path)

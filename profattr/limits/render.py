@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence
 
-from profattr.report.escape import md_escape
+from profattr.report.escape import md_escape, md_name
 
 
 def _fmt_ms(value: Optional[float]) -> str:
@@ -106,7 +106,7 @@ def render_gap_markdown(gap: Dict[str, Any]) -> str:
                 f"{dev['memory_bandwidth_bytes_per_s'] / 1e12:.3f} TB/s ({md_escape(dev['bandwidth_source'])}).",
                 ""]
         out += _md_table(["category", "measured ms", "floor ms", "efficiency", "above floor ms", "bound"],
-                         [[md_escape(r["category"]), _fmt_ms(r["measured_ms"]), _fmt_ms(r["floor_ms"]),
+                         [[md_name(r["category"]), _fmt_ms(r["measured_ms"]), _fmt_ms(r["floor_ms"]),
                            _fmt_pct(r["efficiency_pct"]), _fmt_ms(r["above_floor_ms"]), md_escape(r["bound"])]
                           for r in dev["categories"]])
         out += ["", "Waterfall from floor to measured:", ""]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 import io
 
-from profattr.report.escape import md_escape
+from profattr.report.escape import md_escape, md_name
 from profattr.report.shapes import short_kernel_line, shape_rows
 from profattr.text import clean_tree
 
@@ -136,7 +136,7 @@ def category_table_md(d: dict) -> list:
     out = ["| category | exclusive ms/step | share of step | overlapped ms/step | op ms/step | count/step |",
            "|---|---:|---:|---:|---:|---:|"]
     for c in d["categories"]:
-        out.append(f"| {md_escape(c['category'])} | {exclusive_ms(c):.3f} | {100.0 * category_share(c, d):.1f}% | "
+        out.append(f"| {md_name(c['category'])} | {exclusive_ms(c):.3f} | {100.0 * category_share(c, d):.1f}% | "
                    f"{overlapped_ms(c):.3f} | {c['ms_per_step']:.3f} | {c['count_per_step']:.2f} |")
     out.append(f"| idle (inside steps) | {d['idle_ms_per_step']:.3f} | {100.0 * idle_share(d):.1f}% | | | |")
     out.append(f"| **mean step** | **{d['mean_step_ms']:.3f}** | 100.0% | {d['overlap_ms_per_step']:.3f} | | |")
@@ -250,7 +250,7 @@ def render_markdown(budget: dict, top: int = TOP_KERNELS) -> str:
         out.append("| kernel | launch shape | category | ms/step | count/step | µs per call |")
         out.append("|---|---|---|---:|---:|---:|")
         for k in shape_rows(d)[:top]:
-            out.append(f"| {md_escape(_short(k['name'], 80))} | {md_escape(k['label'])} | {md_escape(k['category'])} | "
+            out.append(f"| {md_name(_short(k['name'], 80))} | {md_escape(k['label'])} | {md_name(k['category'])} | "
                        f"{k['ms_per_step']:.3f} | {k['count_per_step']:.2f} | {k['mean_us']:.1f} |")
         short = short_kernel_line(d)
         if short:

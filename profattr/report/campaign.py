@@ -15,7 +15,7 @@ from profattr.errors import ProfattrError
 from profattr.report.budget_view import exclusive_ms
 from profattr.report.charts import (IDLE_COLOR, OTHER_COLOR, PALETTE, _label_bars, _plt, _save, bar_label,
                                     chosen_categories, mark_mean_steps, safe_label)
-from profattr.report.escape import md_escape
+from profattr.report.escape import md_escape, md_name
 
 CAMPAIGN_CHART = "campaign.png"
 REPORT_FILE = "report.md"
@@ -89,7 +89,7 @@ def campaign_lines(entries: Sequence[dict], chart: str | None, ledger: str) -> l
     out += ["| " + " | ".join(head) + " |", "|" + "|".join(["---:", "---"] + ["---:"] * (len(head) - 2)) + "|"]
     for r in rows:
         tok = "" if r["ms_per_token"] is None else f"{r['ms_per_token']:.3f}"
-        cells = ([str(r["id"]), md_escape(r["label"]), str(r["device"]), tok, f"{r['step_ms']:.3f}",
+        cells = ([str(r["id"]), md_name(r["label"]), str(r["device"]), tok, f"{r['step_ms']:.3f}",
                   f"{r['mean_step_ms']:.3f}"] + [f"{r['categories'][c]:.3f}" for c in cats]
                  + [f"{r[OTHER]:.3f}", f"{r[IDLE]:.3f}", f"{r['overlap']:.3f}"])
         out.append("| " + " | ".join(cells) + " |")

@@ -48,15 +48,15 @@ def output_files(data) -> dict:
 
 
 def write_report(data, out_dir: Path, force: bool = False) -> list:
-    """Write report.md and its charts into `out_dir`; returns the paths written. Refuses to replace any existing
-    file without `force`."""
+    """Write report.md, details.md and the charts into `out_dir`; returns the paths written (report.md, details.md,
+    then the charts). Refuses to replace any existing file without `force`."""
     from profattr.limits.chart import write_gap_chart
     from profattr.report import charts
     from profattr.report.campaign import write_campaign_chart
-    from profattr.report.markdown import render_report
+    from profattr.report.markdown import DETAILS_FILE, render_details, render_report
 
     files = output_files(data)
-    targets = [out_dir / REPORT_FILE] + [out_dir / f for f in files.values()]
+    targets = [out_dir / REPORT_FILE, out_dir / DETAILS_FILE] + [out_dir / f for f in files.values()]
     for target in targets:  # every file first: a refused report writes nothing
         _check_target(target, out_dir, force)
     ensure_folder(out_dir)
@@ -72,10 +72,11 @@ def write_report(data, out_dir: Path, force: bool = False) -> list:
         role = f"gap:{cap.label}"
         if role in files:
             with atomic_path(out_dir / files[role], force) as tmp:
-                write_gap_chart(cap.gap, tmp)
+                write_gap_chart(cap.gap, tmp, label=cap.label)
     data.charts = files
     data.out_dir = str(out_dir)
     write_text(out_dir / REPORT_FILE, render_report(data), force, newline=False)
+    write_text(out_dir / DETAILS_FILE, render_details(data), force, newline=False)
     return targets
 
 
@@ -154,7 +155,7 @@ def _drill_items(drills, captures) -> list:
 @click.command()
 @click.argument("captures", nargs=-1, type=click.Path())
 @click.option("-o", "--output", "output", required=True, type=click.Path(file_okay=False, path_type=Path),
-              help="Folder to write report.md and its PNG charts into (created when missing).")
+              help="Folder to write report.md, details.md and the PNG charts into (created when missing).")
 @steps_option
 @rules_option
 @click.option("--hardware", "-H", default=None,
@@ -186,11 +187,12 @@ def _drill_items(drills, captures) -> list:
               help="Target GPU preset: add an 'On the target' section projecting the first capture there.")
 @click.option("--to-tp", type=click.IntRange(min=1), default=None, help="Tensor-parallel size on the target (--to).")
 @click.option("--to-layers", type=click.IntRange(min=1), default=None, help="Layers of the real model (--to).")
-@click.option("--force", is_flag=True, help="Overwrite an existing report (report.md and charts) in the folder.")
+@click.option("--force", is_flag=True, help="Overwrite an existing report (report.md, details.md and charts) in the folder.")
 @cache_option
 def report(captures, output, steps, skip_steps, rules, hardware, labels, changed, samples, mappings, layers, to, to_tp,
            to_layers, force, ledger_path, drills, graph_twins):
-    """Write the bottleneck report of CAPTURES to OUTPUT/report.md, with PNG charts.
+    """Write the bottleneck report of CAPTURES to OUTPUT/report.md, with PNG charts and OUTPUT/details.md (how to
+    reproduce it: run facts, versions, checks, gap tables).
 
     CAPTURES are Nsight Systems SQLite exports, .nsys-rep reports or torch-profiler traces; the first is the
     baseline every other capture is compared with (where batch sizes differ, the first of the same batch; a batch
@@ -243,7 +245,7 @@ def report(captures, output, steps, skip_steps, rules, hardware, labels, changed
         data.command += f" --to {shlex.quote(to)}" + (f" --to-tp {to_tp}" if to_tp else "") + (
             f" --to-layers {to_layers}" if to_layers else "")
     written = write_report(data, output, force=force)
-    click.echo(f"wrote {written[0]} and {len(written) - 1} chart(s)")
+    click.echo(f"wrote {written[0]}, {written[1].name} and {len(written) - 2} chart(s)")
 
 
 def _campaign(ledger_path, refs) -> list:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from profattr.attribute.confounds import describe
 from profattr.report.budget_view import layer_name
-from profattr.report.escape import md_escape
+from profattr.report.escape import md_escape, md_name
 from profattr.text import clean_tree
 
 
@@ -134,7 +134,7 @@ def render_markdown(diff: dict, a_label: str = "A", b_label: str = "B") -> str:
                    f"(**{s['delta']:+.3f} ms**, 95% CI {_ci(s['ci95'])}); kernels/step "
                    f"{d['kernels_per_step']['a']:.1f} → {d['kernels_per_step']['b']:.1f}")
         out.append("")
-        out.append(f"| component | {md_escape(a_label)} ms | {md_escape(b_label)} ms | Δ ms | 95% CI | "
+        out.append(f"| component | {md_name(a_label)} ms | {md_name(b_label)} ms | Δ ms | 95% CI | "
                    "families added / removed | from count | from duration | contention | kernels (only A → only B) |")
         out.append("|---|---:|---:|---:|---|---:|---:|---:|---:|---|")
         for c in d["components"]:
@@ -150,7 +150,7 @@ def render_markdown(diff: dict, a_label: str = "A", b_label: str = "B") -> str:
                        f"{md_escape(_kernel_line(c, 48))} |")
         out.append("")
         if d.get("layers"):
-            out.append(f"| layer | {md_escape(a_label)} ms | {md_escape(b_label)} ms | Δ ms | ops/step |")
+            out.append(f"| layer | {md_name(a_label)} ms | {md_name(b_label)} ms | Δ ms | ops/step |")
             out.append("|---|---:|---:|---:|---|")
             for r in d["layers"]:
                 out.append(f"| {md_escape(layer_name(r['layer']))} | {r['a_ms_per_step']:.3f} | "

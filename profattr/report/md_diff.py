@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from profattr.report import diff_view
 from profattr.report.bottlenecks import kernel_idle_sentence, split_delta
-from profattr.report.escape import md_escape
+from profattr.report.escape import md_escape, md_name
 from profattr.report.md_table import _short
 
 
@@ -11,9 +11,9 @@ def diff_section(data) -> list:
     if not data.diffs:
         return []
     bases = list(dict.fromkeys(e["a"] for e in data.diffs))
-    title = f"## Differences against {md_escape(bases[0])}" if len(bases) == 1 else "## Differences"
+    title = f"## Differences against {md_name(bases[0])}" if len(bases) == 1 else "## Differences"
     out = [title, "",
-           *([f"Each capture is compared with the first capture of its batch size ({', '.join(map(md_escape, bases))})."
+           *([f"Each capture is compared with the first capture of its batch size ({', '.join(map(md_name, bases))})."
               , ""] if len(bases) > 1 else []),
            "Each component is B minus A in ms per step; the components add up to the change of the median step. "
            "Intervals are 95% bootstrap intervals over servers, windows and steps, as many of each as a side has; "
@@ -21,13 +21,13 @@ def diff_section(data) -> list:
            "steps' variation, not the windows', so such a comparison establishes no difference.", ""]
     for entry in data.diffs:
         a, b, diff = entry["a"], entry["b"], entry["diff"]
-        out.append(f"### {md_escape(b)} vs {md_escape(a)}")
+        out.append(f"### {md_name(b)} vs {md_name(a)}")
         out.append("")
         out += [f"- {line}" for line in diff_explanation(diff, a, b, entry.get("a_modes"), entry.get("b_modes"))]
         ua, ub = entry.get("a_unprofiled_ms_per_token"), entry.get("b_unprofiled_ms_per_token")
         if ua and ub:
-            out.append(f"- Without the profiler (run.json timing), {md_escape(a)} decodes at {ua:.3f} ms/token and "
-                       f"{md_escape(b)} at {ub:.3f} ({ub - ua:+.3f} ms, {100.0 * (ub - ua) / ua:+.1f}%): the "
+            out.append(f"- Without the profiler (run.json timing), {md_name(a)} decodes at {ua:.3f} ms/token and "
+                       f"{md_name(b)} at {ub:.3f} ({ub - ua:+.3f} ms, {100.0 * (ub - ua) / ua:+.1f}%): the "
                        "profiled difference above is measured under nsys, whose overhead can differ between the two.")
         out.append("")
         out.append(diff_view.render_markdown(diff, a_label=a, b_label=b))
@@ -38,7 +38,7 @@ def diff_section(data) -> list:
 def diff_explanation(diff: dict, a: str, b: str, a_modes: dict | None = None, b_modes: dict | None = None) -> list:
     """Short, escaped sentences that follow the diff's numbers: size and significance of the change, kernel vs idle
     time, the largest components, and a plain statement when the comparison's premise is wrong."""
-    A, B = md_escape(a), md_escape(b)
+    A, B = md_name(a), md_name(b)
     lines = []
     for w in diff.get("warnings") or []:
         lines.append(f"**The premise of this comparison is wrong:** {md_escape(w)}.")

@@ -1,7 +1,7 @@
 """The report's "On the target" section: a `profattr.project/1` result (limits/project.py) as markdown."""
 from __future__ import annotations
 
-from profattr.report.escape import md_escape
+from profattr.report.escape import md_escape, md_name
 
 
 def section(result) -> list:
@@ -19,7 +19,7 @@ def section(result) -> list:
            "| category | source ms | target ms | launches on the target | at the latency floor |",
            "|---|---:|---:|---:|---:|"]
     for c in result["categories"][:10]:
-        out.append(f"| {md_escape(c['category'])} | {c['source_ms']:.4f} | {c['projected_ms']:.4f} | "
+        out.append(f"| {md_name(c['category'])} | {c['source_ms']:.4f} | {c['projected_ms']:.4f} | "
                    f"{c['launches_target']:.0f} | {c['at_latency_floor']:.0f} |")
     out += ["", "Assumptions:", ""] + [f"- {md_escape(a)}" for a in result["assumptions"]] + [""]
     return out

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from profattr.report import host_gaps
 from profattr.report.bottlenecks import idle_reason
-from profattr.report.escape import md_escape
+from profattr.report.escape import md_escape, md_name
 from profattr.report.md_table import _devices_label, _f, _pct, _table
 
 
@@ -108,7 +108,7 @@ def tp_section(data) -> list:
             rows.append([f"GPU {md_escape(d['device'])}", f"{d['mean_step_ms']:.3f}", f"{c['collective_ms_per_step']:.3f}",
                          f"{c['transfer_ms_per_step']:.3f}", f"{c['wait_ms_per_step']:.3f}", _pct(share),
                          f"{c.get('caused_wait_ms_per_step', 0.0):.3f}", _pct(c["slowest_rank_share"])])
-        out += [f"### {md_escape(cap.label)}", ""]
+        out += [f"### {md_name(cap.label)}", ""]
         out += _table(["rank", "mean step ms", "collectives ms/step", "transfer ms", "wait ms", "wait share",
                        "others' wait it caused ms", "slowest in % of steps"], rows)
         if devices:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import re
 
-from profattr.report.escape import md_escape
+from profattr.report.escape import md_escape, md_name  # noqa: F401
 
 NAME_WIDTH = 80
 
@@ -29,7 +29,7 @@ def _f(value, fmt: str = ".1f", none: str = "n/a") -> str:
 
 def _devices_label(cap, d) -> str:
     n = len(cap.budget["devices"])
-    return md_escape(cap.label) if n == 1 else f"{md_escape(cap.label)} / GPU {d['device']}"
+    return md_name(cap.label) if n == 1 else f"{md_name(cap.label)} / GPU {d['device']}"
 
 
 def _numeric(cell) -> bool:

@@ -14,7 +14,7 @@ from typing import Optional, Sequence
 from profattr.attribute.kernel_bounds import THRESHOLDS, analyse_drill, shape_key
 from profattr.errors import ProfattrError
 from profattr.limits import kernel_floor
-from profattr.report.escape import md_escape
+from profattr.report.escape import md_escape, md_name
 from profattr.text import clean_tree
 from profattr.taxonomy.classify import load_rules
 from profattr.trace.ncu_csv import load_drill_run, read_ncu_csv
@@ -323,10 +323,10 @@ def render_table(a: dict) -> str:
 
 
 def _md_table(headers: list, rows: list, text_columns: Sequence[int] = (0, 1)) -> list:
-    """A markdown table; the cells of `text_columns` come from the capture and are escaped, the rest are numbers
-    and words profattr wrote."""
+    """A markdown table; the cells of `text_columns` are identifiers from the capture (kernel, category), written as
+    code spans; the rest are numbers and words profattr wrote."""
     out = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
-    return out + ["| " + " | ".join(md_escape(c) if i in text_columns else str(c) for i, c in enumerate(r)) + " |"
+    return out + ["| " + " | ".join(md_name(c) if i in text_columns else str(c) for i, c in enumerate(r)) + " |"
                   for r in rows]
 
 
@@ -358,7 +358,7 @@ def section(data) -> list:
            f"under {THRESHOLDS['few_waves']['value']:g} of the GPU's CTA slots), latency-bound (neither, though the "
            "grid fills the GPU); the 60% line is Nsight Compute's own SOLBottleneck rule.", ""]
     for e in entries:
-        where = f"{md_escape(e['label'])}: {md_escape(e['attached'])}"
+        where = f"{md_name(e['label'])}: {md_escape(e['attached'])}"
         if e["analysis"] is None:
             out += [f"### {md_escape(Path(e['csv']).name)}", "", f"Skipped ({where}): {md_escape(e['note'])}", ""]
             continue

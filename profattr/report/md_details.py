@@ -1,0 +1,182 @@
+"""The details file of `profattr report` (details.md, beside report.md): how the report can be reproduced (the
+command, each capture's run.json facts, versions, the taxonomy's evidence), the capture checks, and the full gap to
+the hardware limit per capture (category floors, the waterfall table, assumptions). Computes nothing.
+"""
+from __future__ import annotations
+
+from profattr.report.escape import md_escape, md_name
+from profattr.report.md_table import _pct, _table, code_block
+
+STATUS_MARK = {"pass": "pass", "warn": "**warn**", "fail": "**FAIL**", "skip": "skip"}
+PACKAGES = ("torch", "sglang", "sglang_kernel", "flashinfer", "triton", "nvtx", "profattr")
+
+
+# --- reproducibility ----------------------------------------------------------------------------------------------
+
+def reproducibility_section(data) -> list:
+    out = ["## Reproducibility", ""]
+    if data.command:
+        out += ["This report was written by (paths relative to the folder it ran in):", ""]
+        out += code_block(data.command, "sh") + [""]
+    out += evidence_lines(data) + [""]
+    for cap in data.captures:
+        out += capture_header(cap) + [""]
+    return out
+
+
+def evidence_lines(data) -> list:
+    gpus = sorted({str(g.get("name")) for c in data.captures for g in _gpu_list(c) if g.get("name")})
+    n = len(data.captures)
+    ev = data.evidence
+    out = ["**Evidence.** Measured: every number in this report comes from the "
+           f"{n} capture{'s' if n > 1 else ''} below, recorded by Nsight Systems on "
+           f"{md_escape(', '.join(gpus) or 'the GPUs they name')}."]
+    if ev:
+        hit = ev.get("hit_by_evidence", {})
+        ms = ev.get("ms_by_evidence", {})
+        total_ms = sum(ms.values()) or 1.0
+        parts = ", ".join(f"{md_escape(k)} {v} ({_pct(ms.get(k, 0.0) / total_ms)} of classified kernel time)"
+                          for k, v in sorted(hit.items()))
+        out.append(f"Classification: {len(ev.get('rules_hit', []))} of the taxonomy's {ev.get('rules_total', 0)} "
+                   f"rules classified these kernels (by the evidence the taxonomy records for each rule: "
+                   f"{parts or 'none'}; `observed` = seen in a published profile, `source` = read from kernel "
+                   "source, `derived` = from a naming rule); rules that fire here are confirmed on these real kernel "
+                   "names.")
+        if ev.get("unmatched_rules"):
+            by_ev = ", ".join(f"{md_escape(k)} {v}" for k, v in sorted(ev["unmatched_by_evidence"].items()))
+            text = (f"From sources only: the other {ev['unmatched_rules']} rules (evidence {by_ev}) matched no kernel "
+                    "in these captures; their kernel names come from published profiles and kernel source, not from "
+                    "a capture of this report")
+            if ev.get("other_hardware_rules"):
+                examples = ", ".join(md_escape(x) for x in ev.get("other_hardware_examples", []))
+                text += (f". Among them are {ev['other_hardware_rules']} rules whose names or patterns are of "
+                         f"SM100/SM120 or FP4 (NVFP4) kernels, e.g. {examples}")
+            out.append(text + ".")
+    return [" ".join(out)]
+
+
+def _gpu_list(cap) -> list:
+    run = cap.run or {}
+    if isinstance(run.get("gpus"), list) and run["gpus"]:
+        return [g for g in run["gpus"] if isinstance(g, dict)]
+    return [g for g in cap.budget["capture"].get("gpus") or [] if isinstance(g, dict)]
+
+
+def capture_header(cap) -> list:
+    run = cap.run or {}
+    budget = cap.budget
+    out = [f"### {md_name(cap.label)}", ""]
+    lines = [f"capture: {md_name(cap.path)}"]
+    if cap.run_path:
+        lines.append(f"run metadata: {md_name(cap.run_path)}")
+    if cap.run_note:
+        lines.append(md_escape(cap.run_note))
+    if run.get("created_utc"):
+        lines.append(f"captured: {md_escape(run['created_utc'])} (target {md_escape(run.get('target', '?'))})")
+    backend = run.get("backend")
+    if isinstance(backend, dict) and backend:
+        lines.append("MoE runner backend: " + ", ".join(f"{md_escape(k)} {md_escape(v)}"
+                                                        for k, v in backend.items()))
+    workload = run.get("workload") if isinstance(run.get("workload"), dict) else None
+    if workload:
+        lines.append(f"built-in workload: {md_escape(workload.get('moe_impl', '?'))} MoE "
+                     f"({md_escape(workload.get('moe_kernel', '?'))}), {md_escape(workload.get('mode', '?'))} mode, "
+                     f"batch {md_escape(workload.get('batch', '?'))}, tp {md_escape(workload.get('tp', '?'))}, "
+                     f"{md_escape(workload.get('dtype', '?'))}")
+    if run.get("model"):
+        requests = run.get("requests") if isinstance(run.get("requests"), dict) else {}
+        lines.append(f"model: {md_name(run['model'])}, tp {md_escape(run.get('tp', '?'))}, batch "
+                     f"{md_escape(requests.get('batch', '?'))}, {md_escape(requests.get('input_len', '?'))} input "
+                     f"tokens, {md_escape(requests.get('max_new_tokens', '?'))} new tokens")
+    gpus = _gpu_list(cap)
+    if gpus:
+        names = ", ".join(f"{md_escape(g.get('index', g.get('id', '?')))}: {md_escape(g.get('name', '?'))}"
+                          for g in gpus)
+        driver = run.get("driver_version") or next((g.get("driver_version") for g in gpus
+                                                    if g.get("driver_version")), None)
+        where = "GPUs of the host" if run.get("gpus") else "GPUs in the export"
+        lines.append(f"{where}: {names}" + (f"; driver {md_escape(driver)}" if driver else ""))
+    nsys = (run.get("nsys") or {}).get("version") if isinstance(run.get("nsys"), dict) else None
+    lines.append(f"Nsight Systems: {md_escape(nsys or '?')} (capture), export "
+                 f"{md_escape(budget['capture'].get('nsys_version') or '?')}")
+    packages = run.get("packages") if isinstance(run.get("packages"), dict) else {}
+    if packages:
+        shown = [(k, packages[k]) for k in PACKAGES if packages.get(k)]
+        shown += [(k, v) for k, v in sorted(packages.items()) if k not in PACKAGES and v]
+        lines.append("packages: " + ", ".join(f"{md_escape(k)} {md_escape(v)}" for k, v in shown))
+    host = run.get("host") if isinstance(run.get("host"), dict) else {}
+    if host.get("python"):
+        lines.append(f"python {md_escape(host['python'])} on {md_escape(host.get('platform', '?'))}")
+    timing = run.get("timing") if isinstance(run.get("timing"), dict) else {}
+    unprofiled = timing.get("ms_per_token_unprofiled")
+    if isinstance(unprofiled, (int, float)):
+        text = f"decode without the profiler: {unprofiled:.3f} ms/token"
+        profiled = timing.get("ms_per_token_profiled")
+        if isinstance(profiled, (int, float)) and unprofiled:
+            text += f"; under nsys {profiled:.3f} ms/token ({profiled / unprofiled:.2f}x)"
+        lines.append(text)
+    steps = budget["steps"]
+    lines.append(f"steps: {md_name(steps['source'])} ×{steps['count']} ({md_escape(steps.get('reason', ''))})")
+    if budget.get("nvtx_context"):
+        lines.append(f"NVTX context of replayed kernels: {md_escape(budget['nvtx_context'])}")
+    out += [f"- {line}" for line in lines]
+    commands = run.get("commands") if isinstance(run.get("commands"), dict) else {}
+    shell = commands.get("profile_shell") or (" ".join(map(str, commands["profile"]))
+                                              if isinstance(commands.get("profile"), list) else None)
+    if shell:
+        out += ["", "Capture command:", ""] + code_block(str(shell), "sh")
+    for key in ("import", "export"):
+        if isinstance(commands.get(key), list):
+            out += ["", f"{key.capitalize()}:", ""] + code_block(" ".join(map(str, commands[key])), "sh")
+    return out
+
+
+# --- lint and gap -----------------------------------------------------------------------------------------------------
+
+def lint_section(data) -> list:
+    out = ["## Capture checks", ""]
+    for cap in data.captures:
+        out.append(f"### {md_name(cap.label)}")
+        out.append("")
+        if cap.checks_source == "run.json":
+            out.append("Recorded in run.json by `profattr check` when the capture was made.")
+        elif cap.checks_source == "now":
+            out.append("Computed now by `profattr check` (run.json records none).")
+        else:
+            out.append("Not available: " + md_escape(cap.checks_note or "no findings"))
+        out.append("")
+        if cap.checks:
+            rows = [[STATUS_MARK.get(str(f.get("status")), md_escape(f.get("status"))), md_escape(f.get("check", "")),
+                     md_escape(f.get("message", ""))] for f in cap.checks]
+            out += _table(["status", "check", "finding"], rows)
+            out.append("")
+    return out
+
+
+def gap_section(data) -> list:
+    out = ["## Gap to the hardware limit", ""]
+    any_gap = False
+    for cap in data.captures:
+        out.append(f"### {md_name(cap.label)}")
+        out.append("")
+        if cap.gap is None:
+            out += [md_escape(cap.gap_note or "skipped"), ""]
+            continue
+        any_gap = True
+        from profattr.limits.render import render_gap_markdown
+
+        text = render_gap_markdown(cap.gap)
+        # demote the gap renderer's headings under this capture's heading; drop its own title
+        lines = text.splitlines()
+        if lines and lines[0].startswith("## "):
+            lines = lines[1:]
+        out += [("##" + line) if line.startswith("### ") else line for line in lines]
+        chart = data.charts.get(f"gap:{cap.label}")
+        if chart:
+            out += ["", f"![waterfall from the hardware floor to the measured step]({chart})"]
+        out.append("")
+    if not any_gap:
+        out.insert(2, "The floor needs the model's sizes: the built-in workload records them in run.json; for "
+                      "other captures use `profattr gap CAPTURE --model PRESET`.")
+        out.insert(3, "")
+    return out
