@@ -1,5 +1,6 @@
 """Speed and memory of profattr (budget cold and warm, diff) and of nsys's own reports on large captures, as ratios to
-a plain SQL scan measured in the same run, at several sizes, with the growth exponents. One script, one run.
+SQLite's own aggregate scan of the same columns measured in the same run, at several sizes, with the growth exponents.
+One script, one run.
 
     python benchmarks/budget_scale.py CAPTURE.sqlite [--sizes 0.3e6,3e6,30e6] [--workdir DIR] [--nsys PATH]
                                       [--markdown benchmarks/RESULTS.md] [--timeout 600]
@@ -8,7 +9,9 @@ a plain SQL scan measured in the same run, at several sizes, with the growth exp
    correlationId, keeping every kernel linked to its launch and NVTX nesting valid) until it holds about
    the requested number of kernel rows. Done in SQL (INSERT ... SELECT), so scaling itself is fast.
 2. In separate processes (clean peak-memory readings), time:
-   - T, the baseline: a plain SQL scan fetching the columns the budget needs (kernels + runtime calls) into Python;
+   - T, the baseline: SQLite's C code reading every column the budget uses (kernels, launch calls, NVTX ranges) in
+     one aggregate query per table (count, sum of end - start, max of each column), no Python object per row;
+   - the row-iteration scan (the earlier baseline): kernel and launch columns fetched into Python, a tuple per row;
    - the bulk fetch of the reader's own two big queries (GPU ops packed into six integers, launch calls) into int64
      numpy arrays, side by side: sqlite3 (fetchmany + numpy.fromiter), Arrow through ADBC's SQLite driver, DuckDB's
      sqlite scanner (when its extension loads without a network: duckdb==1.4.4 + duckdb-ext-sqlite from PyPI);
@@ -212,6 +215,49 @@ def measure(cmd: list, env: dict, timeout: float) -> dict:
     return r
 
 
+# where a cold budget's time goes: (stage, [(file suffix, function name)]), read from cProfile's cumulative times;
+# stages may nest (the store build holds the fetch and the launch join), so they do not add up to the total
+STAGES = [("fetch: SQLite to int64 blocks", [("trace/fetch.py", "adbc_blocks"), ("trace/fetch.py", "sqlite3_blocks")]),
+          ("store build (holds the fetch, the launch join and the writes)", [("trace/store.py", "build")]),
+          ("launch join", [("trace/store.py", "join")]),
+          ("writing the op store (tofile)", [("~", "<method 'tofile' of 'numpy.ndarray' objects>")]),
+          ("steps", [("attribute/steps.py", "find_steps")]),
+          ("windowed pass (holds the stages below)", [("attribute/windows.py", "_pass")]),
+          ("NVTX context of each op", [("attribute/context.py", "add")]),
+          ("graph contexts (place_contexts)", [("attribute/graphs.py", "place_contexts")]),
+          ("classification (names to categories)", [("attribute/accumulate.py", "ids")]),
+          ("per-step sums and launch shapes (Accumulator.add)", [("attribute/accumulate.py", "add")]),
+          ("  of which grouping rows (group_rows)", [("attribute/accumulate.py", "group_rows")]),
+          ("  of which exclusive split", [("attribute/exclusive.py", "add")]),
+          ("taxonomy rules (load_rules)", [("taxonomy/classify.py", "load_rules")]),
+          ("assembling the budget", [("attribute/budget.py", "assemble")]),
+          ("sorting (numpy sort, argsort, lexsort: tottime, every stage)", "sort"),
+          ("imports", [("attribute/budget.py", "<module>")])]
+
+
+def profile_cold(big: Path, work: Path, env: dict) -> list:
+    """(stage, seconds) of one cold `profattr budget` under cProfile (in its own process, empty cache), plus the
+    total."""
+    import pstats
+
+    out = work / "cold.prof"
+    shutil.rmtree(work / "cache", ignore_errors=True)
+    subprocess.run([sys.executable, "-m", "cProfile", "-o", str(out), "-m", "profattr", "budget", str(big),
+                    "--format", "json"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+    stats = pstats.Stats(str(out)).stats  # (file, line, function) -> (calls, primitive, tottime, cumtime, callers)
+    rows = [("total (under cProfile)", max(v[3] for v in stats.values()))]
+    for label, keys in STAGES:
+        if keys == "sort":
+            t = sum(v[2] for (f, _, fn), v in stats.items() if f == "~" and "sort" in fn)
+        else:
+            t = sum(v[3] for (f, _, fn), v in stats.items() for suffix, name in keys
+                    if fn == name and (f.endswith(suffix) or f == suffix))
+        rows.append((label, t))
+    shutil.rmtree(work / "cache", ignore_errors=True)
+    out.unlink(missing_ok=True)
+    return rows
+
+
 def slope(xs, ys):
     """Least-squares slope of log(y) against log(x)."""
     pts = [(math.log(x), math.log(y)) for x, y in zip(xs, ys) if x > 0 and y and y > 0]
@@ -284,7 +330,7 @@ def main() -> None:
     work = Path(args.workdir or tempfile.mkdtemp(prefix="profattr-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     sizes = [int(float(x)) for x in args.sizes.split(",")]
-    all_results, rows_of = {}, {}
+    all_results, rows_of, profiles = {}, {}, {}
     for size in sizes:
         big = work / f"scaled-{size}.sqlite"
         t = time.perf_counter()
@@ -317,11 +363,16 @@ def main() -> None:
                              {"failed": str(runs[-1].get("rc")), "err": runs[-1].get("err", "")})
             print(f"  {size:>11,} {name:<30} {json.dumps(results[name])}", flush=True)
         all_results[size] = results
+        if args.profile:
+            profiles[size] = profile_cold(big, work, dict(os.environ, PROFATTR_CACHE=str(work / "cache"),
+                                                          PYTHONPATH=str(Path(__file__).resolve().parent.parent)))
+            for label, t in profiles[size]:
+                print(f"  {size:>11,} profile {label:<60} {t:.2f} s", flush=True)
         shutil.rmtree(work / "cache", ignore_errors=True)
         shutil.rmtree(work / "nsys-ai", ignore_errors=True)
         if not args.keep:
             big.unlink(missing_ok=True)
-    text = render(all_results, rows_of, Path(args.capture).name, sizes)
+    text = render(all_results, rows_of, Path(args.capture).name, sizes, profiles)
     print(text)
     print(json.dumps({"rows": {str(k): v for k, v in rows_of.items()},
                       "results": {str(k): v for k, v in all_results.items()}}))
@@ -329,10 +380,11 @@ def main() -> None:
         Path(args.markdown).write_text(text + "\n")
 
 
-def render(all_results: dict, rows_of: dict, source: str, requested: list) -> str:
+def render(all_results: dict, rows_of: dict, source: str, requested: list, profiles: dict | None = None) -> str:
     lines = [f"# profattr at scale: {date.today().isoformat()}", "",
              f"Machine: {machine()}. Source capture: `{source}` (SGLang decode on an H200, CUDA graphs), scaled in "
-             "SQL to each size. Every number is a ratio to T, the plain SQL scan of the same file in the same run "
+             "SQL to each size. Every number is a ratio to T, SQLite's aggregate scan of the columns the budget uses "
+             "(count, sum and max per column, in SQLite's C code) on the same file in the same run "
              "(`x T`); `max MB` is the largest RSS of one process, `tree MB` the sampled peak of the summed RSS of "
              "all its processes.", ""]
     measured = list(all_results)
@@ -358,6 +410,14 @@ def render(all_results: dict, rows_of: dict, source: str, requested: list) -> st
             ts = slope(ok, [all_results[s][name]["wall_s"] for s in ok])
             ms = slope(ok, [all_results[s][name]["max_mb"] for s in ok])
             lines.append(f"| {name} | {'' if ts is None else f'{ts:.2f}'} | {'' if ms is None else f'{ms:.2f}'} |")
+        lines.append("")
+    if profiles:
+        sizes = list(profiles)
+        lines += ["## Where a cold budget's time goes (cProfile, cumulative seconds; stages nest)", "",
+                  "| stage | " + " | ".join(f"{s:,} kernels" for s in sizes) + " |",
+                  "|---|" + "---:|" * len(sizes)]
+        for i, (label, _) in enumerate(profiles[sizes[0]]):
+            lines.append(f"| {label} | " + " | ".join(f"{profiles[s][i][1]:.2f}" for s in sizes) + " |")
         lines.append("")
     if missing:
         lines.append("Not measured here: " + ", ".join(f"{s:,}" for s in missing) + " kernels (see above).")

@@ -34,7 +34,9 @@ def dump(out: Path, root: Path, extra: list) -> None:
     out.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, PYTHONPATH=str(REPO))
     for path in captures(root):
-        name = str(path.relative_to(root)).replace(os.sep, "__") + ".json"
+        # named by the capture, not its suffix: a .nsys-rep is read through the .sqlite exported beside it, so the
+        # two dumps compare the same capture whichever of the two the folder held when each was made
+        name = str(path.relative_to(root).with_suffix("")).replace(os.sep, "__") + ".json"
         run = subprocess.run([sys.executable, "-m", "profattr", "budget", str(path), "--format", "json",
                               "--no-cache"] + extra, capture_output=True, env=env)
         body = run.stdout if run.returncode == 0 else f"exit {run.returncode}\n".encode() + run.stderr
