@@ -198,8 +198,9 @@ while p.poll() is None:
         sys.exit(0)
     time.sleep(0.02)
 err = p.stderr.read()
+usage = resource.getrusage(resource.RUSAGE_CHILDREN)
 print(json.dumps({"rc": p.returncode, "wall": time.perf_counter() - t, "err": err[-400:] if p.returncode else "",
-                  "max_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024.0,
+                  "cpu": usage.ru_utime + usage.ru_stime, "max_mb": usage.ru_maxrss / 1024.0,
                   "tree_mb": tree_peak / 2 ** 20}))
 """
 
@@ -358,7 +359,8 @@ def main() -> None:
                 if runs[-1].get("rc") != 0:
                     break
             ok = [r for r in runs if r.get("rc") == 0]
-            results[name] = ({"wall_s": min(r["wall"] for r in ok), "max_mb": max(r["max_mb"] for r in ok),
+            results[name] = ({"wall_s": min(r["wall"] for r in ok), "cpu_s": min(r["cpu"] for r in ok),
+                              "max_mb": max(r["max_mb"] for r in ok),
                               "tree_mb": max(r["tree_mb"] for r in ok)} if ok else
                              {"failed": str(runs[-1].get("rc")), "err": runs[-1].get("err", "")})
             print(f"  {size:>11,} {name:<30} {json.dumps(results[name])}", flush=True)
@@ -385,7 +387,8 @@ def render(all_results: dict, rows_of: dict, source: str, requested: list, profi
              f"Machine: {machine()}. Source capture: `{source}` (SGLang decode on an H200, CUDA graphs), scaled in "
              "SQL to each size. Every number is a ratio to T, SQLite's aggregate scan of the columns the budget uses "
              "(count, sum and max per column, in SQLite's C code) on the same file in the same run "
-             "(`x T`); `max MB` is the largest RSS of one process, `tree MB` the sampled peak of the summed RSS of "
+             "(`x T`); `cpu s` is the user + system CPU time of the tool's processes (steadier than wall time on a "
+             "shared machine), `max MB` the largest RSS of one process, `tree MB` the sampled peak of the summed RSS of "
              "all its processes.", ""]
     measured = list(all_results)
     missing = [s for s in requested if s not in all_results]
@@ -393,12 +396,14 @@ def render(all_results: dict, rows_of: dict, source: str, requested: list, profi
         base = results.get("sql aggregate scan (T)", {})
         lines += [f"## {size:,} kernels requested: " + ", ".join(f"{k.replace('CUPTI_ACTIVITY_KIND_', '')} "
                                                               f"{v:,}" for k, v in rows_of[size].items()), "",
-                  "| tool | wall s | x T | max MB | x T | tree MB |", "|---|---:|---:|---:|---:|---:|"]
+                  "| tool | wall s | x T | cpu s | x T | max MB | x T | tree MB |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|"]
         for name, r in results.items():
             if "failed" in r:
-                lines.append(f"| {name} | {r['failed']} | | | | |")
+                lines.append(f"| {name} | {r['failed']} | | | | | | |")
                 continue
-            lines.append(f"| {name} | {r['wall_s']:.2f} | {r['wall_s'] / base['wall_s']:.2f} | {r['max_mb']:.0f} | "
+            lines.append(f"| {name} | {r['wall_s']:.2f} | {r['wall_s'] / base['wall_s']:.2f} | {r['cpu_s']:.2f} | "
+                         f"{r['cpu_s'] / base['cpu_s']:.2f} | {r['max_mb']:.0f} | "
                          f"{r['max_mb'] / base['max_mb']:.2f} | {r['tree_mb']:.0f} |")
         lines.append("")
     if len(measured) >= 2:
