@@ -1,5 +1,6 @@
 """Speed and memory of profattr (budget cold and warm, diff) and of nsys's own reports on large captures, as ratios to
-a plain SQL scan measured in the same run, at several sizes, with the growth exponents. One script, one run.
+SQLite's own aggregate scan of the same columns measured in the same run, at several sizes, with the growth exponents.
+One script, one run.
 
     python benchmarks/budget_scale.py CAPTURE.sqlite [--sizes 0.3e6,3e6,30e6] [--workdir DIR] [--nsys PATH]
                                       [--markdown benchmarks/RESULTS.md] [--timeout 600]
@@ -8,7 +9,9 @@ a plain SQL scan measured in the same run, at several sizes, with the growth exp
    correlationId, keeping every kernel linked to its launch and NVTX nesting valid) until it holds about
    the requested number of kernel rows. Done in SQL (INSERT ... SELECT), so scaling itself is fast.
 2. In separate processes (clean peak-memory readings), time:
-   - T, the baseline: a plain SQL scan fetching the columns the budget needs (kernels + runtime calls) into Python;
+   - T, the baseline: SQLite's C code reading every column the budget uses (kernels, launch calls, NVTX ranges) in
+     one aggregate query per table (count, sum of end - start, max of each column), no Python object per row;
+   - the row-iteration scan (the earlier baseline): kernel and launch columns fetched into Python, a tuple per row;
    - the bulk fetch of the reader's own two big queries (GPU ops packed into six integers, launch calls) into int64
      numpy arrays, side by side: sqlite3 (fetchmany + numpy.fromiter), Arrow through ADBC's SQLite driver, DuckDB's
      sqlite scanner (when its extension loads without a network: duckdb==1.4.4 + duckdb-ext-sqlite from PyPI);
@@ -28,6 +31,7 @@ import json
 import math
 import os
 import platform
+import re
 import shutil
 import sqlite3
 import subprocess
@@ -37,6 +41,26 @@ import time
 from datetime import date
 from pathlib import Path
 
+# T, the baseline: SQLite's own C code reads every column the budget uses (kernels, launch calls, NVTX ranges) in
+# one aggregate per table; no Python object per row
+AGGREGATE = r"""
+import sqlite3, sys
+conn = sqlite3.connect(f"file:{sys.argv[1]}?mode=ro", uri=True)
+TABLES = (("CUPTI_ACTIVITY_KIND_KERNEL", ("start", "end", "deviceId", "correlationId", "globalPid", "shortName",
+                                         "demangledName")),
+          ("CUPTI_ACTIVITY_KIND_RUNTIME", ("correlationId", "globalTid", "start", "end", "nameId")),
+          ("NVTX_EVENTS", ("start", "end", "globalTid", "textId")))
+have = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+n = 0
+for table, cols in TABLES:
+    if table in have:
+        row = conn.execute(f'SELECT count(*), sum("end" - start), '
+                           + ", ".join(f'max("{c}")' for c in cols) + f" FROM {table}").fetchone()
+        n += row[0]
+print(n)
+"""
+
+# the row-iteration scan (the earlier baseline): the same kernel and launch columns, one Python tuple per row
 SCAN = r"""
 import sqlite3, sys
 conn = sqlite3.connect(f"file:{sys.argv[1]}?mode=ro", uri=True)
@@ -174,8 +198,9 @@ while p.poll() is None:
         sys.exit(0)
     time.sleep(0.02)
 err = p.stderr.read()
+usage = resource.getrusage(resource.RUSAGE_CHILDREN)
 print(json.dumps({"rc": p.returncode, "wall": time.perf_counter() - t, "err": err[-400:] if p.returncode else "",
-                  "max_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024.0,
+                  "cpu": usage.ru_utime + usage.ru_stime, "max_mb": usage.ru_maxrss / 1024.0,
                   "tree_mb": tree_peak / 2 ** 20}))
 """
 
@@ -189,6 +214,49 @@ def measure(cmd: list, env: dict, timeout: float) -> dict:
     except (ValueError, IndexError):
         return {"rc": "error", "err": out.stderr[-400:]}
     return r
+
+
+# where a cold budget's time goes: (stage, [(file suffix, function name)]), read from cProfile's cumulative times;
+# stages may nest (the store build holds the fetch and the launch join), so they do not add up to the total
+STAGES = [("fetch: SQLite to int64 blocks", [("trace/fetch.py", "adbc_blocks"), ("trace/fetch.py", "sqlite3_blocks")]),
+          ("store build (holds the fetch, the launch join and the writes)", [("trace/store.py", "build")]),
+          ("launch join", [("trace/store.py", "join")]),
+          ("writing the op store (tofile)", [("~", "<method 'tofile' of 'numpy.ndarray' objects>")]),
+          ("steps", [("attribute/steps.py", "find_steps")]),
+          ("windowed pass (holds the stages below)", [("attribute/windows.py", "_pass")]),
+          ("NVTX context of each op", [("attribute/context.py", "add")]),
+          ("graph contexts (place_contexts)", [("attribute/graphs.py", "place_contexts")]),
+          ("classification (names to categories)", [("attribute/accumulate.py", "ids")]),
+          ("per-step sums and launch shapes (Accumulator.add)", [("attribute/accumulate.py", "add")]),
+          ("  of which grouping rows (group_rows)", [("attribute/accumulate.py", "group_rows")]),
+          ("  of which exclusive split", [("attribute/exclusive.py", "add")]),
+          ("taxonomy rules (load_rules)", [("taxonomy/classify.py", "load_rules")]),
+          ("assembling the budget", [("attribute/budget.py", "assemble")]),
+          ("sorting (numpy sort, argsort, lexsort: tottime, every stage)", "sort"),
+          ("imports", [("attribute/budget.py", "<module>")])]
+
+
+def profile_cold(big: Path, work: Path, env: dict) -> list:
+    """(stage, seconds) of one cold `profattr budget` under cProfile (in its own process, empty cache), plus the
+    total."""
+    import pstats
+
+    out = work / "cold.prof"
+    shutil.rmtree(work / "cache", ignore_errors=True)
+    subprocess.run([sys.executable, "-m", "cProfile", "-o", str(out), "-m", "profattr", "budget", str(big),
+                    "--format", "json"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+    stats = pstats.Stats(str(out)).stats  # (file, line, function) -> (calls, primitive, tottime, cumtime, callers)
+    rows = [("total (under cProfile)", max(v[3] for v in stats.values()))]
+    for label, keys in STAGES:
+        if keys == "sort":
+            t = sum(v[2] for (f, _, fn), v in stats.items() if f == "~" and "sort" in fn)
+        else:
+            t = sum(v[3] for (f, _, fn), v in stats.items() for suffix, name in keys
+                    if fn == name and (f.endswith(suffix) or f == suffix))
+        rows.append((label, t))
+    shutil.rmtree(work / "cache", ignore_errors=True)
+    out.unlink(missing_ok=True)
+    return rows
 
 
 def slope(xs, ys):
@@ -218,7 +286,8 @@ def tools_for(big: Path, work: Path, args, cache: Path) -> list:
     diff = [py, "-m", "profattr", "diff", str(big), str(big), "--format", "json"]
     clear = lambda: shutil.rmtree(cache, ignore_errors=True)  # noqa: E731
     env = {"PROFATTR_CACHE": str(cache), "PYTHONPATH": repo}
-    tools = [("sql scan (T)", [py, "-c", SCAN, str(big)], {}, None),
+    tools = [("sql aggregate scan (T)", [py, "-c", AGGREGATE, str(big)], {}, None),
+             ("sql row scan", [py, "-c", SCAN, str(big)], {}, None),
              ("fetch: sqlite3", [py, "-c", FETCH, str(big), "sqlite3"], {}, None),
              ("fetch: adbc (Arrow)", [py, "-c", FETCH, str(big), "adbc"], {}, None)]
     if subprocess.run([py, "-c", DUCKDB_PROBE], capture_output=True).returncode == 0:
@@ -255,11 +324,14 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per run before a tool counts as timed out")
     ap.add_argument("--markdown", help="also write the table into this file")
     ap.add_argument("--keep", action="store_true", help="keep the scaled captures")
+    ap.add_argument("--only", help="run only the tools whose name matches this regular expression (and T)")
+    ap.add_argument("--profile", action="store_true", help="also profile one cold budget per size (cProfile, in "
+                                                           "process) and print where its time goes, by stage")
     args = ap.parse_args()
     work = Path(args.workdir or tempfile.mkdtemp(prefix="profattr-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     sizes = [int(float(x)) for x in args.sizes.split(",")]
-    all_results, rows_of = {}, {}
+    all_results, rows_of, profiles = {}, {}, {}
     for size in sizes:
         big = work / f"scaled-{size}.sqlite"
         t = time.perf_counter()
@@ -277,6 +349,8 @@ def main() -> None:
         results = {}
         repeat = args.repeat if size < 10_000_000 else 1
         for name, cmd, env_add, prepare in tools_for(big, work, args, cache):
+            if args.only and name != "sql aggregate scan (T)" and not re.search(args.only, name):
+                continue
             runs = []
             for _ in range(repeat):
                 if prepare:
@@ -285,16 +359,22 @@ def main() -> None:
                 if runs[-1].get("rc") != 0:
                     break
             ok = [r for r in runs if r.get("rc") == 0]
-            results[name] = ({"wall_s": min(r["wall"] for r in ok), "max_mb": max(r["max_mb"] for r in ok),
+            results[name] = ({"wall_s": min(r["wall"] for r in ok), "cpu_s": min(r["cpu"] for r in ok),
+                              "max_mb": max(r["max_mb"] for r in ok),
                               "tree_mb": max(r["tree_mb"] for r in ok)} if ok else
                              {"failed": str(runs[-1].get("rc")), "err": runs[-1].get("err", "")})
             print(f"  {size:>11,} {name:<30} {json.dumps(results[name])}", flush=True)
         all_results[size] = results
+        if args.profile:
+            profiles[size] = profile_cold(big, work, dict(os.environ, PROFATTR_CACHE=str(work / "cache"),
+                                                          PYTHONPATH=str(Path(__file__).resolve().parent.parent)))
+            for label, t in profiles[size]:
+                print(f"  {size:>11,} profile {label:<60} {t:.2f} s", flush=True)
         shutil.rmtree(work / "cache", ignore_errors=True)
         shutil.rmtree(work / "nsys-ai", ignore_errors=True)
         if not args.keep:
             big.unlink(missing_ok=True)
-    text = render(all_results, rows_of, Path(args.capture).name, sizes)
+    text = render(all_results, rows_of, Path(args.capture).name, sizes, profiles)
     print(text)
     print(json.dumps({"rows": {str(k): v for k, v in rows_of.items()},
                       "results": {str(k): v for k, v in all_results.items()}}))
@@ -302,24 +382,28 @@ def main() -> None:
         Path(args.markdown).write_text(text + "\n")
 
 
-def render(all_results: dict, rows_of: dict, source: str, requested: list) -> str:
+def render(all_results: dict, rows_of: dict, source: str, requested: list, profiles: dict | None = None) -> str:
     lines = [f"# profattr at scale: {date.today().isoformat()}", "",
              f"Machine: {machine()}. Source capture: `{source}` (SGLang decode on an H200, CUDA graphs), scaled in "
-             "SQL to each size. Every number is a ratio to T, the plain SQL scan of the same file in the same run "
-             "(`x T`); `max MB` is the largest RSS of one process, `tree MB` the sampled peak of the summed RSS of "
+             "SQL to each size. Every number is a ratio to T, SQLite's aggregate scan of the columns the budget uses "
+             "(count, sum and max per column, in SQLite's C code) on the same file in the same run "
+             "(`x T`); `cpu s` is the user + system CPU time of the tool's processes (steadier than wall time on a "
+             "shared machine), `max MB` the largest RSS of one process, `tree MB` the sampled peak of the summed RSS of "
              "all its processes.", ""]
     measured = list(all_results)
     missing = [s for s in requested if s not in all_results]
     for size, results in all_results.items():
-        base = results.get("sql scan (T)", {})
+        base = results.get("sql aggregate scan (T)", {})
         lines += [f"## {size:,} kernels requested: " + ", ".join(f"{k.replace('CUPTI_ACTIVITY_KIND_', '')} "
                                                               f"{v:,}" for k, v in rows_of[size].items()), "",
-                  "| tool | wall s | x T | max MB | x T | tree MB |", "|---|---:|---:|---:|---:|---:|"]
+                  "| tool | wall s | x T | cpu s | x T | max MB | x T | tree MB |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|"]
         for name, r in results.items():
             if "failed" in r:
-                lines.append(f"| {name} | {r['failed']} | | | | |")
+                lines.append(f"| {name} | {r['failed']} | | | | | | |")
                 continue
-            lines.append(f"| {name} | {r['wall_s']:.2f} | {r['wall_s'] / base['wall_s']:.2f} | {r['max_mb']:.0f} | "
+            lines.append(f"| {name} | {r['wall_s']:.2f} | {r['wall_s'] / base['wall_s']:.2f} | {r['cpu_s']:.2f} | "
+                         f"{r['cpu_s'] / base['cpu_s']:.2f} | {r['max_mb']:.0f} | "
                          f"{r['max_mb'] / base['max_mb']:.2f} | {r['tree_mb']:.0f} |")
         lines.append("")
     if len(measured) >= 2:
@@ -331,6 +415,14 @@ def render(all_results: dict, rows_of: dict, source: str, requested: list) -> st
             ts = slope(ok, [all_results[s][name]["wall_s"] for s in ok])
             ms = slope(ok, [all_results[s][name]["max_mb"] for s in ok])
             lines.append(f"| {name} | {'' if ts is None else f'{ts:.2f}'} | {'' if ms is None else f'{ms:.2f}'} |")
+        lines.append("")
+    if profiles:
+        sizes = list(profiles)
+        lines += ["## Where a cold budget's time goes (cProfile, cumulative seconds; stages nest)", "",
+                  "| stage | " + " | ".join(f"{s:,} kernels" for s in sizes) + " |",
+                  "|---|" + "---:|" * len(sizes)]
+        for i, (label, _) in enumerate(profiles[sizes[0]]):
+            lines.append(f"| {label} | " + " | ".join(f"{profiles[s][i][1]:.2f}" for s in sizes) + " |")
         lines.append("")
     if missing:
         lines.append("Not measured here: " + ", ".join(f"{s:,}" for s in missing) + " kernels (see above).")

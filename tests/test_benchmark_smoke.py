@@ -18,7 +18,7 @@ def test_benchmark_script_runs_small(tmp_path):
                           capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     text = out.read_text()
-    for row in ("| sql scan (T) |", "| fetch: sqlite3 |", "| fetch: adbc (Arrow) |", "| profattr budget cold |",
+    for row in ("| sql aggregate scan (T) |", "| sql row scan |", "| fetch: sqlite3 |", "| fetch: adbc (Arrow) |", "| profattr budget cold |",
                 "| profattr budget warm |", "| profattr diff self warm |", "## Growth exponents"):
         assert row in text, row
     assert "| failed" not in text and "timeout" not in text

@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from profattr.attribute.ns_sums import add_ns, checked_ns
 from profattr.attribute.exclusive import Exclusive, frame as exclusive_frame
 from profattr.trace.ops import KIND_KERNEL, Ops, memop_name
 
@@ -171,7 +172,7 @@ class StepTotals:
         if len(out_dev):
             out_dur = ops.end[~inside] - ops.start[~inside]
             devs, codes = np.unique(out_dev, return_inverse=True)
-            ns = np.bincount(codes.reshape(-1), weights=out_dur, minlength=len(devs)).round().astype(np.int64)
+            ns = checked_ns(np.bincount(codes.reshape(-1), weights=out_dur, minlength=len(devs)))
             cnt = np.bincount(codes.reshape(-1), minlength=len(devs))
             for d, a, c in zip(devs.tolist(), ns.tolist(), cnt.tolist()):
                 acc = self.outside.setdefault(d, [0, 0])
@@ -190,7 +191,7 @@ class StepTotals:
         n_groups = len(local_pairs)
         self._spans_and_busy(gid, group, start, end, n_groups)
         cols = self.pairs.cols
-        cols["op_ns"][gid] += np.bincount(group, weights=dur, minlength=n_groups).round().astype(np.int64)
+        add_ns(cols["op_ns"], gid, checked_ns(np.bincount(group, weights=dur, minlength=n_groups)))
         cols["kernels"][gid] += np.bincount(group, weights=ops.kind[sel] == KIND_KERNEL,
                                             minlength=n_groups).astype(np.int64)
         cat_names = categories if categories is not None else np.array(
@@ -203,7 +204,7 @@ class StepTotals:
         # per (device, combination, launch shape): kernel rows per name and per shape (budget.assemble)
         mnk = gemm[sel] if gemm is not None else np.full(len(dev), -1, dtype=np.int64)
         dc, dc_group = group_rows(dev, reg, ops.grid[sel], ops.block[sel], mnk)
-        ns = np.bincount(dc_group, weights=dur, minlength=len(dc)).round().astype(np.int64)
+        ns = checked_ns(np.bincount(dc_group, weights=dur, minlength=len(dc)))
         count = np.bincount(dc_group, minlength=len(dc))
         self.combo_parts.append((dc[:, 0], dc[:, 1], ns, count, dc[:, 2], dc[:, 3], dc[:, 4]))
         self._add_short(dev, dur, ops.kind[sel] == KIND_KERNEL)
@@ -221,7 +222,7 @@ class StepTotals:
         if not short.any():
             return
         devs, codes = np.unique(dev[short], return_inverse=True)
-        ns = np.bincount(codes.reshape(-1), weights=dur[short], minlength=len(devs)).round().astype(np.int64)
+        ns = checked_ns(np.bincount(codes.reshape(-1), weights=dur[short], minlength=len(devs)))
         cnt = np.bincount(codes.reshape(-1), minlength=len(devs))
         for d, a, c in zip(devs.tolist(), ns.tolist(), cnt.tolist()):
             acc = self.short.setdefault(d, [0, 0])
@@ -232,7 +233,7 @@ class StepTotals:
         """Per (step, category) sums of one window: `cat`, the category id of each op."""
         n_cats = max(len(self.cat_ids), 1)
         key = group * n_cats + cat
-        ns = np.bincount(key, weights=dur, minlength=n_groups * n_cats).round().astype(np.int64)
+        ns = checked_ns(np.bincount(key, weights=dur, minlength=n_groups * n_cats))
         count = np.bincount(key, minlength=n_groups * n_cats)
         hit = np.flatnonzero(count)
         g_idx, c_idx = np.divmod(hit, n_cats)
@@ -279,7 +280,7 @@ class StepTotals:
         del prev
         e -= s
         np.clip(e, 0, None, out=e)
-        cols["busy"][gid] += np.bincount(g, weights=e, minlength=n_groups).round().astype(np.int64)
+        add_ns(cols["busy"], gid, checked_ns(np.bincount(g, weights=e, minlength=n_groups), "busy times"))
 
     def finish(self, final: np.ndarray, combos: pd.DataFrame):
         """(per_step, per_step_category, per_combo, outside) as summarize builds them from one window; `final` maps
@@ -327,7 +328,7 @@ class StepTotals:
             cdev = np.zeros(0, dtype=np.int32)
             creg = cns = ccnt = cgrid = cblock = cgemm = np.zeros(0, dtype=np.int64)
         keys, group = group_rows(cdev, creg, cgrid, cblock, cgemm)
-        ns = np.bincount(group, weights=cns, minlength=len(keys)).round().astype(np.int64)
+        ns = checked_ns(np.bincount(group, weights=cns, minlength=len(keys)))
         count = np.bincount(group, weights=ccnt, minlength=len(keys)).round().astype(np.int64)
         keep = count > 0
         return pd.DataFrame({"device": keys[keep, 0].astype(np.int32), "combo": keys[keep, 1], "grid": keys[keep, 2],
@@ -349,7 +350,7 @@ class StepTotals:
             g = k = ns_in = cnt_in = np.zeros(0, dtype=np.int64)
         key = g * n_cats + k
         size = n_groups * n_cats
-        ns = np.bincount(key, weights=ns_in, minlength=size).round().astype(np.int64)
+        ns = checked_ns(np.bincount(key, weights=ns_in, minlength=size))
         count = np.bincount(key, weights=cnt_in, minlength=size).round().astype(np.int64)
         g_idx, c_idx = np.divmod(np.flatnonzero(count), n_cats)
         return pd.DataFrame({"device": dev_sorted[g_idx] if n_groups else [],

@@ -34,6 +34,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
+from profattr import progress
 from profattr.attribute.budget import Budget, compute_budget
 from profattr.attribute.shapes import mean_shapes
 from profattr.attribute.diff_parts import family_split, fingerprint, kernel_rows, layer_rows
@@ -320,7 +321,8 @@ def _device_diff(a: Side, b: Side, da: int, db: int, rng, samples: int) -> dict:
     names = sorted(set(ca) | set(cb), key=lambda n: (-abs(cb.get(n, 0.0) - ca.get(n, 0.0)), n))
     delta_step = B["step_ms"] - A["step_ms"]
     threshold = practical_ms(A["step_ms"])
-    boot = bootstrap(a.members, b.members, da, db, sorted(names), rng, samples)
+    with progress.stage(f"bootstrap, {samples} resamples"):
+        boot = bootstrap(a.members, b.members, da, db, sorted(names), rng, samples)
     components = []
     for name in names:
         delta = cb.get(name, 0.0) - ca.get(name, 0.0)

@@ -23,6 +23,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from profattr.attribute.ns_sums import checked_ns
+
 _EMPTY = np.zeros(0, dtype=np.int64)
 
 
@@ -127,7 +129,7 @@ def sum_solo(g, c, ns):
     total = np.bincount(key, weights=ns, minlength=size)  # exact: integer sums far below 2**53
     hit = np.flatnonzero(count)
     return (np.asarray(uniq, dtype=np.int64)[hit // n_c], hit % n_c, np.ones(len(hit), dtype=np.int64),
-            np.rint(total[hit]).astype(np.int64))
+            checked_ns(total[hit], "exclusive times"))
 
 
 def sum_rows(g, c, k, ns):
@@ -209,9 +211,9 @@ def round_shares(g, c, k, ns, tie=None):
     first = np.flatnonzero(np.r_[True, (gs[1:] != gs[:-1]) | (ks[1:] != ks[:-1])])
     per_gk = np.add.reduceat(nss, first) // ks[first]
     groups, inv = np.unique(gs[first], return_inverse=True)
-    total = np.bincount(inv.reshape(-1), weights=per_gk, minlength=len(groups)).round().astype(np.int64)
+    total = checked_ns(np.bincount(inv.reshape(-1), weights=per_gk, minlength=len(groups)), "exclusive times")
     gi = np.searchsorted(groups, pg)
-    short = total - np.bincount(gi, weights=base, minlength=len(groups)).round().astype(np.int64)
+    short = total - checked_ns(np.bincount(gi, weights=base, minlength=len(groups)), "exclusive times")
     # hand the missing ns, one each, to the rows with the largest remainders (ties: lower `tie` rank); a float
     # sum of remainders just above a whole number could leave one ns too many: taken from the smallest remainders
     rank_order = np.lexsort((pc if tie is None else np.asarray(tie)[pc], -rest, gi))

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
+from profattr import progress
 from profattr.attribute.budget import compute_budget
 from profattr.attribute.diff import BOOTSTRAP_SAMPLES, Side, compute_diff, expand, group, load_side
 from profattr.errors import ProfattrError
@@ -248,8 +249,9 @@ def collect_report(paths: Sequence, labels: Optional[Sequence[str]] = None, step
             path = Path(members[0])
             run, run_path, run_note = read_run(path)
         by = "layer" if mapping or layers else "category"
-        budget = compute_budget(path, steps=steps, rules=rules, force=force_export, keep_attribution=True,
-                                skip_steps=skip_steps, mapping=mapping, by=by)
+        with progress.stage(f"budget of {Path(path).name}"):
+            budget = compute_budget(path, steps=steps, rules=rules, force=force_export, keep_attribution=True,
+                                    skip_steps=skip_steps, mapping=mapping, by=by)
         launches = launch_stats(budget)
         _add_graph_tracing(launches, Path(budget.path), (graph_twins or {}).get(given))
         views = capture_views(budget)  # the median step of each GPU, for the timeline (report/timeline.py)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from profattr import progress
 from profattr.errors import ProfattrError
 
 # Oldest release accepted. profattr records with 2024.2.3 (export schema 3.11.1); it reads exports of 2023.4.4
@@ -295,7 +296,8 @@ def export_sqlite(report, out=None, nsys=None, force: bool = False, timeout_s: f
         partial.unlink()
     cmd = export_command(_nsys_path(nsys), report, partial)
     try:
-        _run_tool(cmd, "nsys export", partial, timeout_s)
+        with progress.stage(f"nsys export {report.name}"):
+            _run_tool(cmd, "nsys export", partial, timeout_s)
         os.replace(partial, out)
     finally:
         if partial.exists():

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from profattr import progress
 from profattr.trace import store as opstore
 
 READER_VERSION = "3"  # 2: ops carry their launch shape (grid, block, registers); 3: and replays linked by graph
@@ -190,7 +191,8 @@ def open_store(export) -> StoreSource:
     except OSError:
         return _temporary(export)  # no writable cache folder: still never beside the capture
     try:
-        opstore.build(export, work / "store")
+        with progress.stage(f"reading {Path(export.path).name}"):
+            opstore.build(export, work / "store")
         try:
             os.replace(work / "store", entry)
         except OSError:  # another process stored it first: use ours from the temporary folder
@@ -207,7 +209,8 @@ def open_store(export) -> StoreSource:
 def _temporary(export) -> StoreSource:
     work = Path(tempfile.mkdtemp(prefix="profattr-store-"))
     try:
-        return StoreSource(export, opstore.build(export, work / "store"), temporary=True)
+        with progress.stage(f"reading {Path(export.path).name}"):
+            return StoreSource(export, opstore.build(export, work / "store"), temporary=True)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
