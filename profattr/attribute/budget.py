@@ -26,6 +26,7 @@ from profattr.attribute.accumulate import Combos, StepTotals
 from profattr.attribute.comm import collective_split
 from profattr.attribute.graphs import STATUS_MAPPING, STATUS_NAMES, STATUS_UNPLACED, place_contexts
 from profattr.attribute.nvtx import Ranges, enclosed, load_ranges
+from profattr.attribute.precision import annotate as annotate_precision
 from profattr.attribute.steps import Steps, find_steps
 from profattr.errors import ProfattrError
 from profattr.regexguard import MAX_MATCH_CHARS
@@ -161,6 +162,7 @@ def compute_budget(path, steps: str = "auto", rules: Sequence = (), force: bool 
         finally:
             if reader is not export:
                 reader.close()
+    annotate_precision(budget.devices, ruleset)
     attribution = budget.attribution
     if by == "layer" or layer_range is not None:
         add_layers(budget, attribution, layer_range)
