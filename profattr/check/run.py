@@ -53,6 +53,7 @@ def evaluate(path, run: dict | None = None, twin=None) -> tuple:
                          completeness.check_graphs_recorded(run, facts),
                          completeness.check_profiler_version(run, source, facts),
                          backend.check_backend(run, facts.names),
+                         backend.check_fp4_backend(run, facts.names),
                          backend.check_server_log(run),
                          timing.check_first_calls(source, facts.devices, run),
                          timing.check_steady_state(budget)]
