@@ -241,3 +241,27 @@ def test_diff_of_two_backend_names_that_ran_the_same_kernels_says_so_first(tmp_p
               server_log=dict(SERVER_LOG, resolved={"moe_runner_backend": "triton"}))
     other = CliRunner().invoke(cli, ["diff", str(a), str(c)])
     assert "not a backend comparison" not in other.stdout
+
+
+# --- capture: a server that refuses the backend ---------------------------------------------------------------------
+
+REFUSAL = ("Current platform does not support NVFP4 quantization with the selected MoE backend. Please use "
+           "Blackwell and above, or use moe_runner_backend=marlin on SM80+.")
+
+
+@pytest.mark.nsys
+def test_a_server_refusing_the_moe_backend_gives_one_line_with_what_it_said(tmp_path):
+    from test_capture import free_port, invoke, real_nsys, stub_args, stub_env
+
+    real_nsys()
+    args = stub_args(tmp_path, tmp_path, free_port(), name="refused")
+    args[args.index("--backend") + 1] = "flashinfer_cutedsl"
+    args[args.index("--capture-range") + 1] = "cudaProfilerApi"  # nothing recorded: nsys writes no report
+    result = invoke(args, env=stub_env(tmp_path / "events.jsonl", STUB_SGLANG_REFUSE=REFUSAL))
+    assert result.exit_code == 2
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    # one error line; the server's own traceback only in the echoed log tail (`capture:   | ...`), none of ours
+    assert len(errors) == 1 and not any(line.startswith("Traceback") for line in result.stderr.splitlines())
+    assert "exited (code 1)" in errors[0] and "before it was healthy" in errors[0]
+    assert f"the server said: ValueError: {REFUSAL}" in errors[0]
+    assert json.loads((tmp_path / "refused.run.json").read_text())["status"] == "failed"
