@@ -218,3 +218,30 @@ def test_fp8_block_config_counts_one_fp32_scale_per_block(tmp_path):
     scales = (2 * (-(-f // 128)) * (-(-h // 128)) + (-(-h // 128)) * (-(-f // 128))) * 4
     assert [w["dtype"] for w in dense] == ["fp8"]
     assert dense[0]["bytes_per_token"] == (3 * h * f + scales) * layers
+
+
+@pytest.mark.parametrize("quantization, needles", [
+    ({"quant_method": "compressed-tensors", "config_groups": {"g": {"weights": {"num_bits": 4, "type": "int",
+                                                                            "strategy": "group", "group_size": 0}}}},
+     ("config_groups.g.weights", "strategy group needs a positive group_size", "got 0")),
+    ({"quant_method": "awq", "bits": 4}, ("quant_method 'awq' is not known", "modelopt", "compressed-tensors")),
+    ({"quant_method": "fp8", "weight_block_size": [128]}, ("weight_block_size must be two positive integers",)),
+])
+def test_other_bad_quantization_forms_are_one_line(tmp_path, quantization, needles):
+    c = json.loads(CONFIG.read_text())
+    c["quantization_config"] = quantization
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(c))
+    assert_one_line_error(CliRunner().invoke(cli, ["limit", "--model", str(path), "-H", "h200"]), *needles)
+
+
+def test_gap_quant_overrides_the_recorded_config_without_model(tmp_path, export_example):
+    capture = export_example(FP8_CAPTURE)
+    result = CliRunner().invoke(cli, ["gap", str(capture), "--run-json", str(_nvfp4_run(tmp_path)),
+                                      "--quant", "bf16", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    gap = json.loads(result.stdout)
+    assert gap["model"]["quantization"] == "--quant preset bf16 (overrides the config.json quantization_config)"
+    assert {w["dtype"] for w in gap["model"]["weights"]} == {"bf16"}
+    bad = CliRunner().invoke(cli, ["gap", str(capture), "--run-json", str(_nvfp4_run(tmp_path)), "--quant", "int3"])
+    assert_one_line_error(bad, "unknown quantization 'int3'")
