@@ -265,3 +265,19 @@ def test_a_server_refusing_the_moe_backend_gives_one_line_with_what_it_said(tmp_
     assert "exited (code 1)" in errors[0] and "before it was healthy" in errors[0]
     assert f"the server said: ValueError: {REFUSAL}" in errors[0]
     assert json.loads((tmp_path / "refused.run.json").read_text())["status"] == "failed"
+
+
+def test_report_states_precision_and_math_and_puts_the_backend_line_first_in_its_diff(tmp_path):
+    a = nsys_export(tmp_path / "a.sqlite")
+    b = nsys_export(tmp_path / "b.sqlite")
+    write_run(a, backend={"requested": "marlin", "sglang": "marlin"}, server_log=SERVER_LOG)
+    write_run(b, backend={"requested": "auto", "sglang": "auto"},
+              server_log=dict(SERVER_LOG, resolved={"moe_runner_backend": "auto"}))
+    out = tmp_path / "report"
+    result = CliRunner().invoke(cli, ["report", str(a), str(b), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    text = (out / "report.md").read_text()
+    assert "| gemm.fp4 | fp4 | W4A16: unpacked to BF16 in the kernel |" in text
+    pair = text[text.index("\n### b vs a"):]  # the diff section's block for this pair of captures
+    lines = [line for line in pair.splitlines()[2:] if line.strip()]
+    assert lines[0].startswith("- **The premise of this comparison is wrong:** not a backend comparison"), lines[:2]

@@ -271,7 +271,7 @@ def budget_section(data) -> list:
             if precision:
                 out += ["GEMMs by the precision of their weights and how the math ran (from the kernel rules: "
                         "`W4A16` kernels read FP4 weights and multiply in BF16; native FP4 needs SM100/SM120):"]
-                out += precision[1:] + [""]
+                out += precision + [""]
             out += _layer_table(d)
     return out
 
