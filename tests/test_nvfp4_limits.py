@@ -37,7 +37,8 @@ def glm_linears(c: dict) -> list:
     out = []
     for i in range(c["num_hidden_layers"]):
         a = f"model.layers.{i}.self_attn"
-        out += [(f"{a}.q_a_proj", "attention", q_lora, h, 1), (f"{a}.q_b_proj", "attention", heads * (nope + rope), q_lora, 1),
+        out += [(f"{a}.q_a_proj", "attention", q_lora, h, 1),
+                (f"{a}.q_b_proj", "attention", heads * (nope + rope), q_lora, 1),
                 (f"{a}.kv_a_proj_with_mqa", "attention", kv_lora + rope, h, 1),
                 (f"{a}.kv_b_proj", "attention", heads * (nope + v), kv_lora, 1),
                 (f"{a}.o_proj", "attention", h, heads * v, 1),

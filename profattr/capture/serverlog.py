@@ -32,7 +32,8 @@ KEY_ARGS = ("moe_runner_backend", "fp8_gemm_runner_backend", "fp4_gemm_runner_ba
             "decode_attention_backend", "prefill_attention_backend", "sampling_backend", "quantization",
             "kv_cache_dtype", "tp_size", "dp_size", "ep_size", "moe_a2a_backend", "disable_cuda_graph",
             "cuda_graph_max_bs", "cuda_graph_bs", "disable_custom_all_reduce", "enable_layerwise_nvtx_marker",
-            "disable_shared_experts_fusion", "page_size", "fp4_gemm_backend", "dsa_decode_backend", "dsa_prefill_backend",
+            "disable_shared_experts_fusion", "page_size", "fp4_gemm_backend", "dsa_decode_backend",
+            "dsa_prefill_backend",
             "nsa_decode_backend", "nsa_prefill_backend", "enable_torch_compile", "mem_fraction_static",
             "max_running_requests", "chunked_prefill_size", "disable_radix_cache", "load_format", "dtype")
 # (kind, pattern): what a performance engineer must know happened

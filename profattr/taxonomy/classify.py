@@ -20,7 +20,7 @@ names with ``--rules``. A rules file holds::
     priority = 240                  # optional: overrides the file's priority
     note = "..."                    # optional
     weight_dtype = "fp4"            # optional, GEMM rules: the precision of the weights the kernel reads
-    math = "native FP4 tensor cores"  # optional, GEMM rules: how the math ran (e.g. "W4A16: unpacked to BF16 in the kernel")
+    math = "native FP4 tensor cores"  # optional, GEMM rules: how the math ran ("W4A16: unpacked to BF16 in the kernel")
 
 User patterns (``pattern`` and ``nvtx`` of files given with ``--rules``) are bounded when loaded: a pattern that
 backtracks catastrophically is refused with its file:line (profattr/regexguard.py). Kernel names and NVTX text are
