@@ -30,7 +30,7 @@ from profattr.errors import ProfattrError
 from profattr.regexguard import compile_user
 
 NVFP4, FP8, FP8_BLOCK, INT = "nvfp4", "fp8", "fp8_block", "int"
-MODELOPT_ALGOS = ("NVFP4", "FP8")
+MODELOPT_ALGOS = ("NVFP4", "W4A16_NVFP4", "FP8")  # W4A16_NVFP4: the same FP4 weights, BF16 activations
 COMPRESSED_TENSORS_TYPES = ("float 4-bit (NVFP4)", "float 8-bit (FP8)", "int 4-bit", "int 8-bit")
 SCALE_BYTES = {"fp8_e4m3": 1.0, "fp32": 4.0, "bf16": 2.0}
 UNQUANTIZED_BYTES = 2.0  # BF16 checkpoint dtype of ignored modules
@@ -177,12 +177,12 @@ def _modelopt(qc: Mapping[str, Any], nested: Mapping[str, Any]) -> Quantization:
                             f"known: {', '.join(MODELOPT_ALGOS)}; pass --quant")
     ignore = _patterns(merged, "ignore", "exclude_modules")
     kv = _kv_of_algo(merged.get("kv_cache_quant_algo")) or _kv_of_scheme(merged.get("kv_cache_scheme"))
-    if algo == "NVFP4":
+    if algo in ("NVFP4", "W4A16_NVFP4"):
         group = merged.get("group_size")
         if _positive_int(group) is None:
-            raise ProfattrError(f"config.json quantization_config: quant_algo NVFP4 needs a positive group_size "
+            raise ProfattrError(f"config.json quantization_config: quant_algo {algo} needs a positive group_size "
                                 f"(weights per FP8 scale, 16 in NVFP4 checkpoints), got {group!r}; fix the config")
-        return Quantization("modelopt", "NVFP4", NVFP4, 4, group, None, ignore, kv)
+        return Quantization("modelopt", algo, NVFP4, 4, group, None, ignore, kv)
     return Quantization("modelopt", "FP8", FP8, 8, None, None, ignore, kv)
 
 
