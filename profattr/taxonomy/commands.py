@@ -17,7 +17,8 @@ from profattr.text import clean, clean_tree
 @click.option("--nvtx", "nvtx_ranges", multiple=True, metavar="NAME",
               help="Name of an NVTX range that encloses the kernels (e.g. model.layers.0.mlp.experts). Repeatable.")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True,
-              help="table for people, json for tools (a list of {name, category, family, rule} in input order).")
+              help="table for people, json for tools (a list of {name, category, family, rule, weight_dtype, math} "
+                   "in input order).")
 @output_options()
 def classify(names, rules_files, nvtx_ranges, fmt, output, force):
     """Classify kernel NAMEs (demangled, as nsys prints them). Use `-` to read one name per line from stdin
@@ -40,7 +41,9 @@ def classify(names, rules_files, nvtx_ranges, fmt, output, force):
         rows.append({"name": name,
                      "category": rule.category if rule else "unclassified",
                      "family": rule.family if rule else None,
-                     "rule": rule.id if rule else None})
+                     "rule": rule.id if rule else None,
+                     "weight_dtype": (rule.weight_dtype or None) if rule else None,
+                     "math": (rule.math or None) if rule else None})
 
     if fmt == "json":
         emit(json.dumps(clean_tree(rows), indent=2), output, force, given)
