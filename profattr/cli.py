@@ -27,6 +27,7 @@ COMMANDS = {
     "budget": "profattr.attribute.commands:budget",
     "classify": "profattr.taxonomy.commands:classify",
     "diff": "profattr.attribute.commands:diff",
+    "variance": "profattr.attribute.commands:variance",
     "capture": "profattr.capture.commands:capture",
     "check": "profattr.capture.commands:check",
     "doctor": "profattr.capture.commands:doctor",

@@ -5,7 +5,10 @@
 --   launch_key = (vm + process bits of globalPid) << 32 | correlationId   -- the key of its launch call
 -- A value that does not fit its field (deviceId, streamId or name id beyond 31 bits, correlationId beyond 32) makes
 -- the field -1 instead of wrapping into another id; the reader drops such rows and counts them (trace/validate.py).
--- {stream_id} and {graph_node_id} are filled in by the reader (optional columns).
+--   grid       = gridX << 32 | gridY << 16 | gridZ                       (trace/ops.py pack_grid)
+--   block      = blockX << 48 | blockY << 32 | blockZ << 16 | registersPerThread   (pack_block)
+--                (-1 when a value is missing or does not fit its bits: a shape is never wrapped into another)
+-- {stream_id}, {graph_node_id}, {grid_x} ... {registers} are filled in by the reader (optional columns).
 SELECT k.start,
        k."end",
        CASE WHEN k.deviceId BETWEEN 0 AND 2147483647 THEN k.deviceId ELSE -1 END,
@@ -14,5 +17,11 @@ SELECT k.start,
             THEN (({stream_id}) << 32) | COALESCE(k.demangledName, k.shortName) ELSE -1 END,
        CASE WHEN k.correlationId BETWEEN 0 AND 4294967295
             THEN (((k.globalPid >> 24) & 4294967295) << 32) | k.correlationId ELSE -1 END,
-       {graph_node_id}
+       {graph_node_id},
+       CASE WHEN ({grid_x}) BETWEEN 0 AND 2147483647 AND ({grid_y}) BETWEEN 0 AND 65535
+                 AND ({grid_z}) BETWEEN 0 AND 65535
+            THEN (({grid_x}) << 32) | (({grid_y}) << 16) | ({grid_z}) ELSE -1 END,
+       CASE WHEN ({block_x}) BETWEEN 0 AND 32767 AND ({block_y}) BETWEEN 0 AND 32767
+                 AND ({block_z}) BETWEEN 0 AND 32767 AND ({registers}) BETWEEN 0 AND 32767
+            THEN (({block_x}) << 48) | (({block_y}) << 32) | (({block_z}) << 16) | ({registers}) ELSE -1 END
 FROM CUPTI_ACTIVITY_KIND_KERNEL AS k

@@ -1,9 +1,11 @@
--- Every memset, as in gpu_kernels.sql (no name id).
+-- Every memset, as in gpu_kernels.sql (no name id; no launch shape: grid and block -1).
 SELECT m.start,
        m."end",
        CASE WHEN m.deviceId BETWEEN 0 AND 2147483647 THEN m.deviceId ELSE -1 END,
        CASE WHEN ({stream_id}) BETWEEN 0 AND 2147483647 THEN ({stream_id}) << 32 ELSE -1 END,
        CASE WHEN m.correlationId BETWEEN 0 AND 4294967295
             THEN (((m.globalPid >> 24) & 4294967295) << 32) | m.correlationId ELSE -1 END,
-       {graph_node_id}
+       {graph_node_id},
+       -1,
+       -1
 FROM CUPTI_ACTIVITY_KIND_MEMSET AS m

@@ -62,6 +62,7 @@ CRASH_AFTER_S = os.environ.get("STUB_SGLANG_CRASH_AFTER_S")
 CRASH_IN_WINDOW_STEPS = os.environ.get("STUB_SGLANG_CRASH_IN_WINDOW_STEPS")
 REFUSE = os.environ.get("STUB_SGLANG_REFUSE")
 EVENTS = os.environ.get("STUB_SGLANG_EVENTS")
+DECODE_LOG_INTERVAL = 40
 _events_lock = threading.Lock()
 
 
@@ -110,6 +111,7 @@ class Scheduler(threading.Thread):
         self.stopped = threading.Event()
         self.torch_window = None  # the /start_profile body of a torch-profiler window, and its events
         self.torch_events: list = []
+        self.decode_ct, self.decode_tokens, self.decode_tic = 0, 0, time.perf_counter()
 
     # control requests run on this thread, between steps, and answer through a reply queue
     def call(self, op: str, body: dict) -> tuple:
@@ -174,8 +176,12 @@ class Scheduler(threading.Thread):
             while not self.control.empty():
                 op, body, reply = self.control.get()
                 reply.put(self._start_profile(body) if op == "start" else self._stop_profile("stop_profile"))
+            joined = 0
             while not self.pending.empty():
                 self.running.append(self.pending.get())
+                joined += 1
+            if joined:
+                self._log_prefill(joined)
             if not self.running:
                 time.sleep(0.001)
                 continue
@@ -187,6 +193,7 @@ class Scheduler(threading.Thread):
 
     def _step(self) -> None:
         profiled = self.profiling
+        before = len(self.running)
         _push("stub_forward_step")
         t0 = time.perf_counter_ns() / 1e3
         time.sleep((PROFILED_STEP_MS if profiled else STEP_MS) / 1e3)
@@ -212,6 +219,31 @@ class Scheduler(threading.Thread):
             else:
                 still.append(req)
         self.running = still
+        self._log_decode(before)
+
+    # scheduler_metrics_mixin.py: log_prefill_stats once per prefill batch; log_decode_stats every
+    # --decode-log-interval decode steps, its throughput the tokens decoded since the last such line over the time
+    # since it (a prefill in between is inside that time)
+    def _log_prefill(self, joined: int) -> None:
+        print(f"[{_stamp()}] Prefill batch, #new-seq: {joined}, #new-token: {joined}, #cached-token: 0, token "
+              f"usage: 0.00, #running-req: {len(self.running) - joined}, #queue-req: 0, cuda graph: False, input "
+              "throughput (token/s): 1000.00", flush=True)
+
+    def _log_decode(self, running: int) -> None:
+        self.decode_tokens += running
+        self.decode_ct += 1
+        if self.decode_ct % DECODE_LOG_INTERVAL:
+            return
+        now = time.perf_counter()
+        gap = now - self.decode_tic
+        self.decode_tic = now
+        tokens, self.decode_tokens = self.decode_tokens, 0
+        print(f"[{_stamp()}] Decode batch, #running-req: {running}, #token: {tokens}, token usage: 0.00, cuda graph: "
+              f"False, gen throughput (token/s): {tokens / max(gap, 1e-9):.2f}, #queue-req: 0", flush=True)
+
+
+def _stamp() -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
 
 
 SCHEDULER = Scheduler()
@@ -278,7 +310,8 @@ class Handler(BaseHTTPRequestHandler):
             return self._json(400, {"error": {"message": "input_ids must be a non-empty list of ints"}})
         params = body.get("sampling_params") or {}
         max_new = int(params.get("max_new_tokens", 128))
-        record("generate", prompt_tokens=len(ids), sampling_params=params, stream=bool(body.get("stream")))
+        record("generate", prompt_tokens=len(ids), sampling_params=params, stream=bool(body.get("stream")),
+               prompt_key=",".join(map(str, ids[:8])))
         req = Request(len(ids), max_new, seed=sum(ids))
         started = time.monotonic()
         SCHEDULER.pending.put(req)
@@ -319,6 +352,7 @@ def parse_args(argv):
     p.add_argument("--port", type=int, default=30000)
     p.add_argument("--tp", "--tp-size", type=int, default=1)
     p.add_argument("--moe-runner-backend", default="auto")
+    p.add_argument("--decode-log-interval", type=int, default=40)
     return p.parse_known_args(argv)
 
 
@@ -329,6 +363,8 @@ def main(argv=None) -> int:
     global TP
     args, rest = parse_args(sys.argv[1:] if argv is None else argv)
     TP = args.tp
+    global DECODE_LOG_INTERVAL
+    DECODE_LOG_INTERVAL = max(1, args.decode_log_interval)
     record("launch", argv=sys.argv[1:], model_path=args.model_path, tp=args.tp,
            moe_runner_backend=args.moe_runner_backend, port=args.port, extra=rest)
     log(f"server args: model_path={args.model_path} tp={args.tp} moe_runner_backend={args.moe_runner_backend} "

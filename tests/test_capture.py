@@ -283,8 +283,9 @@ def test_unprofiled_timing_arithmetic_with_an_injected_clock(tmp_path):
     p = capture_plan.plan(capture_plan.Options(out_dir=tmp_path, model=str(tmp_path), backend="triton", warmup=2,
                                                trials=3, dry_run=True, nsys="/nonexistent"))
     client = ScriptedClient([9.0, 9.0, 4.0, 6.0, 5.0])  # two warm-up rounds, then three timed ones
-    body = {"input_ids": [1], "sampling_params": {"max_new_tokens": 16}}
-    timing = time_unprofiled(p, client, body, 1, lambda m: None)
+    from profattr.capture.sglang import Requests
+
+    timing = time_unprofiled(p, client, Requests("same", 1, 16), 1, lambda m: None)
     assert timing["unprofiled"]["rounds_ms_per_token"] == pytest.approx([4.0, 6.0, 5.0])
     assert timing["ms_per_token_unprofiled"] == pytest.approx(5.0)
     assert client.calls == 5

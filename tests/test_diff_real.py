@@ -37,13 +37,16 @@ def test_sglang_backends_delta_matches_sql(sglang_pair):
     assert total == pytest.approx(d["step_ms"]["delta"], rel=0.01, abs=1e-9)
     lo, hi = d["step_ms"]["ci95"]
     assert lo <= d["step_ms"]["delta"] <= hi
-    # SGLang has no NVTX here, so categories follow names alone: compare every category's delta with SQL
+    # SGLang has no NVTX here, so categories follow names alone: compare every category's op time change with SQL
+    # (its component is the change of its exclusive time; with its contention that is its op time change)
     ca, cb = sql_category_ms(ea), sql_category_ms(eb)
     comps = {c["component"]: c for c in d["components"]}
     for cat in set(ca) | set(cb):
         want = cb.get(cat, 0.0) - ca.get(cat, 0.0)
-        got = comps[f"category:{cat}"]["delta_ms_per_step"]
-        assert got == pytest.approx(want, rel=0.005, abs=1e-6), cat
+        c = comps[f"category:{cat}"]
+        assert c["op_delta_ms_per_step"] == pytest.approx(want, rel=0.005, abs=1e-6), cat
+        assert c["delta_ms_per_step"] + c["contention_ms_per_step"] == pytest.approx(c["op_delta_ms_per_step"],
+                                                                                  abs=1e-12)
 
 
 def test_sglang_backends_fingerprint_and_verdict(sglang_pair):
@@ -56,7 +59,9 @@ def test_sglang_backends_fingerprint_and_verdict(sglang_pair):
     gemm = next(c for c in d["components"] if c["component"] == "category:moe.gemm")
     assert [k["name"] for k in gemm["kernels"]["only_a"]] == ["fused_moe_kernel"]
     assert all(k["name"].startswith("_matmul_ogs") for k in gemm["kernels"]["only_b"])
-    assert "ms/step" in diff["verdict"]
+    assert "ms/step" in diff["summary"]
+    # one window per side: the interval covers steps only, so the comparison establishes nothing
+    assert diff["verdict"] == "within noise" and diff["interval"]["covers_window_variance"] is False
 
 
 def test_same_backend_warns(export_example):

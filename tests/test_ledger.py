@@ -165,12 +165,28 @@ def test_device_category_kernel_and_comm_rows_match_budget_json(ledger, budgets)
             where = f"{label}/GPU {want['device']}"
             assert_close({k: got[k] for k in fields}, {k: want[k] for k in fields}, where)
             assert_close({"ops": got["outside_steps_ops"], "ms": got["outside_steps_ms"]}, want["outside_steps"], where)
-            cats = rows(ledger, "SELECT category, ms_per_step, count_per_step FROM categories WHERE entry_id = ? "
-                                "AND device = ? ORDER BY position", [eid, want["device"]])
-            assert_close(cats, want["categories"], where + " categories")
+            cats = rows(ledger, "SELECT category, ms_per_step, count_per_step, exclusive_ms_per_step, "
+                                "overlapped_ms_per_step FROM categories WHERE entry_id = ? AND device = ? "
+                                "ORDER BY position", [eid, want["device"]])
+            # the share of the step is not stored: it is the exclusive time over the device's mean step
+            assert_close(cats, [{k: v for k, v in c.items() if k != "share"} for c in want["categories"]],
+                         where + " categories")
+            for c, w in zip(cats, want["categories"]):
+                assert c["exclusive_ms_per_step"] / got["mean_step_ms"] == pytest.approx(w["share"], abs=TOL)
             kernels = rows(ledger, "SELECT name, demangled, category, family, ms_per_step, count_per_step FROM kernels "
                                    "WHERE entry_id = ? AND device = ? ORDER BY position", [eid, want["device"]])
-            assert_close(kernels, want["kernels"], where + " kernels")
+            kernel_cols = ["name", "demangled", "category", "family", "ms_per_step", "count_per_step"]
+            assert_close(kernels, [{c: k[c] for c in kernel_cols} for k in want["kernels"]], where + " kernels")
+            # each kernel row's launch shapes, in the budget's order
+            shapes = rows(ledger, "SELECT kernel_position, label, ms_per_step, count_per_step, mean_us, share FROM "
+                                  "kernel_shapes WHERE entry_id = ? AND device = ? ORDER BY kernel_position, position",
+                          [eid, want["device"]])
+            assert_close(shapes, [{"kernel_position": i, **{c: s[c] for c in ("label", "ms_per_step", "count_per_step",
+                                                                              "mean_us", "share")}}
+                                  for i, k in enumerate(want["kernels"]) for s in k["shapes"]], where + " shapes")
+            short = rows(ledger, "SELECT under_us, count_per_step, ms_per_step, share FROM short_kernels "
+                                 "WHERE entry_id = ? AND device = ?", [eid, want["device"]])
+            assert_close(short, [want["short_kernels"]], where + " short kernels")
             comm = rows(ledger, "SELECT * FROM comm WHERE entry_id = ? AND device = ?", [eid, want["device"]])
             if "comm" not in want:
                 assert comm == []
@@ -197,12 +213,18 @@ def test_per_step_rows_add_up_to_the_budget(ledger, budgets):
             assert (sum(s["op_ns"] for s in steps) / n - busy) / 1e6 == pytest.approx(d["overlap_ms_per_step"],
                                                                                      abs=TOL)
             assert all(s["span_ns"] == s["end_ns"] - s["start_ns"] for s in steps)
-            cats = rows(ledger, "SELECT category, sum(duration_ns) AS ns, sum(count) AS n FROM step_categories "
-                                "WHERE entry_id = ? AND device = ? GROUP BY category", [eid, d["device"]])
+            cats = rows(ledger, "SELECT category, sum(duration_ns) AS ns, sum(count) AS n, sum(exclusive_ns) AS excl "
+                                "FROM step_categories WHERE entry_id = ? AND device = ? GROUP BY category",
+                        [eid, d["device"]])
+            per_step = rows(ledger, "SELECT s.step, s.busy_ns, sum(c.exclusive_ns) AS excl FROM steps s JOIN "
+                                    "step_categories c USING (entry_id, device, step) WHERE s.entry_id = ? AND "
+                                    "s.device = ? GROUP BY s.step", [eid, d["device"]])
+            assert len(per_step) == n and all(r["excl"] == r["busy_ns"] for r in per_step)
             want = {c["category"]: c for c in d["categories"]}
             assert {c["category"] for c in cats} == set(want)
             for c in cats:
                 assert c["ns"] / n / 1e6 == pytest.approx(want[c["category"]]["ms_per_step"], abs=TOL)
+                assert c["excl"] / n / 1e6 == pytest.approx(want[c["category"]]["exclusive_ms_per_step"], abs=TOL)
                 assert c["n"] / n == pytest.approx(want[c["category"]]["count_per_step"], abs=TOL)
             comm = rows(ledger, "SELECT category, sum(collective_ns) AS coll, sum(wait_ns) AS wait FROM step_comm "
                                 "WHERE entry_id = ? AND device = ? GROUP BY category", [eid, d["device"]])
@@ -223,6 +245,30 @@ def test_show_gives_back_the_budget_json(ledger, budgets):
     assert "triton_kernel" in table and "requested triton_kernel, resolved triton_kernel" in table
     assert "triton\\_kernel" in ok("ledger", "show", "2", "--ledger", ledger, "--format", "markdown")
     assert ok("ledger", "show", TP2, "--ledger", ledger, "--format", "csv").startswith("device,row,")
+
+
+def test_a_ledger_from_before_exclusive_time_still_opens_and_gains_it(small, tmp_path):
+    """A ledger written before categories stored exclusive time (its tables without those columns) still shows,
+    compares (op time and overlap as components) and takes new entries, which then store it."""
+    old = tmp_path / "old.db"
+    shutil.copyfile(small, old)
+    conn = sqlite3.connect(old)
+    for table, column in (("categories", "exclusive_ms_per_step"), ("categories", "overlapped_ms_per_step"),
+                          ("step_categories", "exclusive_ns")):
+        conn.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
+    conn.commit()
+    conn.close()
+    shown = json.loads(ok("ledger", "show", "1", "--ledger", old, "--format", "json"))["budget"]
+    assert all("exclusive_ms_per_step" not in c and "share" not in c for c in shown["devices"][0]["categories"])
+    assert "mean step" in ok("ledger", "show", "1", "--ledger", old)
+    ok("ledger", "add", TRITON_KERNEL, "--label", "later", "--ledger", old)
+    got = rows(old, "SELECT exclusive_ms_per_step FROM categories WHERE entry_id = 2")
+    assert got and all(r["exclusive_ms_per_step"] is not None for r in got)
+    assert rows(old, "SELECT count(*) AS n FROM categories WHERE exclusive_ms_per_step IS NULL")[0]["n"] > 0
+    diff = json.loads(ok("ledger", "compare", "1", "2", "--ledger", old, "--format", "json", "--samples", "50"))
+    d = diff["devices"][0]
+    assert "overlap" in {c["component"] for c in d["components"]}  # one side has op time only: the old split
+    assert abs(d["closure_ms"]) < 1e-9
 
 
 # --- list, compare, trend -------------------------------------------------------------------------------------------
@@ -484,12 +530,15 @@ def test_campaign_report_from_the_ledger(ledger, budgets, tmp_path):
         assert cells["label"] == label.replace("_", "\\_")
         assert cells["step ms (median)"] == f"{d['step_ms']:.3f}"
         assert cells["idle"] == f"{d['idle_ms_per_step']:.3f}"
-        by_cat = {c["category"]: c["ms_per_step"] for c in d["categories"]}
+        # the bars stack exclusive time: categories + other + idle = mean step
+        by_cat = {c["category"]: c["exclusive_ms_per_step"] for c in d["categories"]}
         shown = [n for n in names[6:-3]]
         for name in shown:
             assert cells[name] == f"{by_cat.get(name.replace(chr(92), ''), 0.0):.3f}", (label, name)
         other = sum(v for k, v in by_cat.items() if k not in [n.replace("\\", "") for n in shown])
         assert float(cells["other categories"]) == pytest.approx(other, abs=6e-4)
+        stack = sum(float(cells[n]) for n in shown) + float(cells["other categories"]) + float(cells["idle"])
+        assert stack == pytest.approx(d["mean_step_ms"], abs=5e-4 * (len(shown) + 3))
     assert_one_line_error(run("report", "--ledger", ledger, "-o", out), "exists")
     picked = tmp_path / "picked"
     ok("report", "--ledger", ledger, "--labels", "triton_kernel,1", "-o", picked)

@@ -103,6 +103,11 @@ def test_budget_of_any_valid_export_closes(tmp_path_factory, spec):
     for d in b["devices"]:
         cats = sum(c["ms_per_step"] for c in d["categories"])
         assert abs(d["mean_step_ms"] - (cats - d["overlap_ms_per_step"] + d["idle_ms_per_step"])) <= 1e-9
+        # exclusive time: the categories' shares of the busy time and idle make the step, shares 100 %
+        exclusive = sum(c["exclusive_ms_per_step"] for c in d["categories"])
+        assert abs(d["mean_step_ms"] - (exclusive + d["idle_ms_per_step"])) <= 1e-9
+        assert abs(sum(c["share"] for c in d["categories"]) + d["idle_share"] - 1.0) <= 1e-9 or not d["mean_step_ms"]
+        assert all(-1e-12 <= c["exclusive_ms_per_step"] <= c["ms_per_step"] + 1e-12 for c in d["categories"])
         assert d["step_ms"] >= 0 and d["mean_step_ms"] >= 0 and d["busy_ms_per_step"] >= 0
         assert d["idle_ms_per_step"] >= -1e-9 and d["overlap_ms_per_step"] >= -1e-9
         assert all(c["ms_per_step"] >= 0 and c["count_per_step"] > 0 for c in d["categories"])

@@ -7,6 +7,9 @@ carries the latest end seen so far, and the next window's intervals continue the
 whose ops start before that group's last start (ops not in start order) makes `in_order` False, and the caller
 computes the budget in one window instead.
 
+The exclusive split of busy time among categories (exclusive.py) continues across windows the same way: the
+intervals still running at a group's latest start are carried into the next window.
+
 Combinations (demangled name, short name, NVTX context mask) are classified once each, when first met; at the end
 they are put in the order one window over all ops gives (sorted), so the results are identical either way.
 """
@@ -15,9 +18,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from profattr.attribute.exclusive import Exclusive, frame as exclusive_frame
 from profattr.trace.ops import KIND_KERNEL, Ops, memop_name
 
 COMM_PREFIX = "comm."
+SHORT_KERNEL_NS = 5000  # a kernel under 5 us: its launch and tail cost about as much as its work
 
 
 def group_rows(*cols):
@@ -149,12 +154,15 @@ class StepTotals:
         self.outside: dict = {}  # device -> [ns, count]
         self.status = np.zeros(4, dtype=np.int64)
         self.comm: list = []  # per window: comm ops inside steps
+        self.exclusive = Exclusive()  # the busy time split among categories (exclusive.py)
+        self.short: dict = {}  # device -> [ns, count] of kernels inside steps shorter than SHORT_KERNEL_NS
         self.in_order = True
 
     def add(self, ops: Ops, step: np.ndarray, combo: np.ndarray, combos: Combos | None, status: np.ndarray | None,
-            categories: np.ndarray | None = None) -> None:
+            categories: np.ndarray | None = None, gemm: np.ndarray | None = None) -> None:
         """One window: its ops, their step (-1 outside), registry combination and placement status.
-        `categories` (per registry id) replaces `combos` when the combinations are final already."""
+        `categories` (per registry id) replaces `combos` when the combinations are final already; `gemm`: each
+        op's packed M, N, K (attribute/gemm_dims.py; -1 or None: unknown)."""
         inside = step >= 0
         out_dev = ops.device[~inside]
         if len(out_dev):
@@ -184,13 +192,18 @@ class StepTotals:
                                             minlength=n_groups).astype(np.int64)
         cat_names = categories if categories is not None else np.array(
             [combos.category_of(i) for i in range(len(combos.rows))], dtype=object)
+        cat_of_reg = np.array([self.cat_ids.setdefault(c, len(self.cat_ids)) for c in cat_names], dtype=np.int64)
+        cat = cat_of_reg[reg] if len(cat_of_reg) else np.zeros(len(reg), dtype=np.int64)
+        self.exclusive.add(gid[group], cat, start, end, cols["last_start"], len(self.cat_ids))
         if self.step_categories:
-            self._add_categories(gid, group, n_groups, reg, dur, cat_names)
-        # per (device, combination)
-        dc, dc_group = group_rows(dev, reg)
+            self._add_categories(gid, group, n_groups, cat, dur)
+        # per (device, combination, launch shape): kernel rows per name and per shape (budget.assemble)
+        mnk = gemm[sel] if gemm is not None else np.full(len(dev), -1, dtype=np.int64)
+        dc, dc_group = group_rows(dev, reg, ops.grid[sel], ops.block[sel], mnk)
         ns = np.bincount(dc_group, weights=dur, minlength=len(dc)).round().astype(np.int64)
         count = np.bincount(dc_group, minlength=len(dc))
-        self.combo_parts.append((dc[:, 0], dc[:, 1], ns, count))
+        self.combo_parts.append((dc[:, 0], dc[:, 1], ns, count, dc[:, 2], dc[:, 3], dc[:, 4]))
+        self._add_short(dev, dur, ops.kind[sel] == KIND_KERNEL)
         # collectives (for the transfer / wait split, comm.py): few ops, kept whole
         is_comm = np.array([str(c).startswith(COMM_PREFIX) for c in cat_names], dtype=bool)
         if is_comm.any():
@@ -199,10 +212,21 @@ class StepTotals:
                 self.comm.append({"device": dev[pick], "stream": ops.stream[sel][pick], "start": start[pick],
                                   "end": end[pick], "step": stp[pick], "reg": reg[pick]})
 
-    def _add_categories(self, gid, group, n_groups, reg, dur, cat_names) -> None:
-        """Per (step, category) sums of one window: category id per registry combination."""
-        cat_of_reg = np.array([self.cat_ids.setdefault(c, len(self.cat_ids)) for c in cat_names], dtype=np.int64)
-        cat = cat_of_reg[reg] if len(cat_of_reg) else np.zeros(len(reg), dtype=np.int64)
+    def _add_short(self, dev, dur, is_kernel) -> None:
+        """Per device: kernels shorter than SHORT_KERNEL_NS and their summed time (launch-bound work)."""
+        short = is_kernel & (dur < SHORT_KERNEL_NS)
+        if not short.any():
+            return
+        devs, codes = np.unique(dev[short], return_inverse=True)
+        ns = np.bincount(codes.reshape(-1), weights=dur[short], minlength=len(devs)).round().astype(np.int64)
+        cnt = np.bincount(codes.reshape(-1), minlength=len(devs))
+        for d, a, c in zip(devs.tolist(), ns.tolist(), cnt.tolist()):
+            acc = self.short.setdefault(d, [0, 0])
+            acc[0] += a
+            acc[1] += c
+
+    def _add_categories(self, gid, group, n_groups, cat, dur) -> None:
+        """Per (step, category) sums of one window: `cat`, the category id of each op."""
         n_cats = max(len(self.cat_ids), 1)
         key = group * n_cats + cat
         ns = np.bincount(key, weights=dur, minlength=n_groups * n_cats).round().astype(np.int64)
@@ -273,25 +297,38 @@ class StepTotals:
         })
         per_step_category = (self._step_categories(rank, dev64[order], stp[order], n_groups, combos)
                              if self.step_categories else None)
-        if self.combo_parts:
-            cdev = np.concatenate([x[0] for x in self.combo_parts]).astype(np.int32)
-            creg = np.concatenate([final[x[1]] for x in self.combo_parts])
-            cns = np.concatenate([x[2] for x in self.combo_parts])
-            ccnt = np.concatenate([x[3] for x in self.combo_parts])
-        else:
-            cdev = np.zeros(0, dtype=np.int32)
-            creg = cns = ccnt = np.zeros(0, dtype=np.int64)
-        devices_all, dev_idx = np.unique(cdev, return_inverse=True)
-        n_combos = len(combos)
-        key = dev_idx.reshape(-1) * n_combos + creg
-        size = len(devices_all) * n_combos
-        ns = np.bincount(key, weights=cns, minlength=size).round().astype(np.int64)
-        count = np.bincount(key, weights=ccnt, minlength=size).round().astype(np.int64)
-        d_idx, k_idx = np.divmod(np.flatnonzero(count), n_combos)
-        per_combo = pd.DataFrame({"device": devices_all[d_idx], "combo": k_idx, "ns": ns[count > 0],
-                                  "count": count[count > 0]})
+        per_combo = self._per_combo(final)
         outside = {d: (ns_, cnt) for d, (ns_, cnt) in self.outside.items()}
         return per_step, per_step_category, per_combo, outside
+
+    def exclusive_ns(self) -> pd.DataFrame:
+        """device, step, category, exclusive_ns: each step's busy time split among its categories (exclusive.py),
+        sorted by (device, step, category); a step's rows add up to its busy_ns."""
+        names = list(self.cat_ids)
+        tie = np.argsort(np.argsort(np.array(names, dtype=object), kind="stable"), kind="stable")
+        gid, cat, ns = self.exclusive.finish(len(names), tie)
+        out = exclusive_frame(self.pairs.device, self.pairs.step, gid, cat, ns, names)
+        return out.sort_values(["device", "step", "category"], kind="stable").reset_index(drop=True)
+    def _per_combo(self, final: np.ndarray) -> pd.DataFrame:
+        """device, combo, grid, block, gemm, ns, count: one row per (device, final combination, launch shape)."""
+        parts = self.combo_parts
+        if parts:
+            cdev = np.concatenate([x[0] for x in parts]).astype(np.int32)
+            creg = np.concatenate([final[x[1]] for x in parts])
+            cns = np.concatenate([x[2] for x in parts])
+            ccnt = np.concatenate([x[3] for x in parts])
+            cgrid = np.concatenate([x[4] for x in parts])
+            cblock = np.concatenate([x[5] for x in parts])
+            cgemm = np.concatenate([x[6] for x in parts])
+        else:
+            cdev = np.zeros(0, dtype=np.int32)
+            creg = cns = ccnt = cgrid = cblock = cgemm = np.zeros(0, dtype=np.int64)
+        keys, group = group_rows(cdev, creg, cgrid, cblock, cgemm)
+        ns = np.bincount(group, weights=cns, minlength=len(keys)).round().astype(np.int64)
+        count = np.bincount(group, weights=ccnt, minlength=len(keys)).round().astype(np.int64)
+        keep = count > 0
+        return pd.DataFrame({"device": keys[keep, 0].astype(np.int32), "combo": keys[keep, 1], "grid": keys[keep, 2],
+                             "block": keys[keep, 3], "gemm": keys[keep, 4], "ns": ns[keep], "count": count[keep]})
 
     def _step_categories(self, rank, dev_sorted, step_sorted, n_groups, combos: pd.DataFrame) -> pd.DataFrame:
         """per_step_category from the windows' parts; `rank`: final row of each pair id in (device, step) order."""

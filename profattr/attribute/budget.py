@@ -7,7 +7,12 @@ Definitions (all per device, over the steps that launched work on it):
 - `idle_ms_per_step` = mean span - mean busy (GPU waiting inside the step: launch gaps, syncs, CPU work);
 - `overlap_ms_per_step` = mean summed op time - mean busy (time during which two streams ran at once);
   so `mean_step_ms = sum(category ms) - overlap + idle` holds exactly;
-- category / kernel `ms_per_step`: summed durations over the steps, divided by the number of steps.
+- category / kernel `ms_per_step`: summed durations over the steps, divided by the number of steps;
+- category `exclusive_ms_per_step`: its share of the busy time (each slice of busy time shared equally among the
+  categories running in it, exclusive.py), so `mean_step_ms = sum(category exclusive ms) + idle` holds exactly
+  (integer ns per step); `overlapped_ms_per_step` = its ms_per_step - its exclusive ms (the part of its time that
+  ran alongside other categories; the device's overlap is their sum); `share` = exclusive / mean step, so the
+  categories' shares and `idle_share` add up to 1.
 
 Optional views: `by="layer"` adds per-layer rows (layers.py); with collectives on two or more GPUs each device gets
 a `comm` split into transfer and wait (comm.py); `mapping=CAPTURE` gives replayed graph kernels without a
@@ -27,6 +32,7 @@ from profattr.attribute.comm import collective_split
 from profattr.attribute.graphs import STATUS_MAPPING, STATUS_NAMES, STATUS_UNPLACED, place_contexts
 from profattr.attribute.nvtx import Ranges, enclosed, load_ranges
 from profattr.attribute.precision import annotate as annotate_precision
+from profattr.attribute.shapes import kernel_shapes, short_kernel_stats
 from profattr.attribute.steps import Steps, find_steps
 from profattr.errors import ProfattrError
 from profattr.regexguard import MAX_MATCH_CHARS
@@ -57,6 +63,7 @@ class Attribution:
     mapped: np.ndarray | None = None  # per op: index of its matched op in `mapping.ops`, -1 when none
     mapping_report: dict | None = None
     names: np.ndarray | None = None  # per op: demangled name (filled when a mapping needed it)
+    gemm_mnk: np.ndarray | None = None  # per op: packed M, N, K of its linear layer's NVTX range (gemm_dims.py)
 
     def category(self) -> np.ndarray:
         """Category id per op (object array)."""
@@ -94,7 +101,7 @@ class Budget:
     steps_count: int
     devices: list  # list of dicts, see to_dict()
     per_step: pd.DataFrame  # device, step, start_ns, end_ns, span_ns, busy_ns, op_ns, kernels
-    per_step_category: pd.DataFrame | None  # device, step, category, ns, count (None: not asked for)
+    per_step_category: pd.DataFrame | None  # device, step, category, ns, count, exclusive_ns (None: not asked for)
     attribution: Attribution | None = field(default=None, repr=False)
     context_method: str = "launch"
     nvtx_placement: dict | None = None  # ops per context method (Attribution.placement)
@@ -321,9 +328,16 @@ def attribute(export, steps_spec: str, ruleset, mapping: Attribution | None = No
                   f"within the step, {result.name_mismatches} of {result.ops_compared} ops without a same-named "
                   f"match, {int(((status == STATUS_UNPLACED) & inside).sum())} unplaced")
     combo, combos = classify_masks(export, ops, mask, patterns, ruleset)
+    from profattr.attribute.gemm_dims import LinearRanges, without_m
+
+    gemm = LinearRanges(ranges).of(placement.tid, placement.t_ns)
+    if mapped is not None and mapping.gemm_mnk is not None:
+        # an op that borrowed its context borrows its layer's N and K; not M (the eager twin may run another batch)
+        take = (status == STATUS_MAPPING) & (gemm < 0)
+        gemm[take] = without_m(mapping.gemm_mnk[mapped[take]])
     return Attribution(ops=ops, step=step, combo=combo, combos=combos, steps=steps, ranges=ranges,
                        context_method=method, ctx_tid=placement.tid, ctx_ns=placement.t_ns, status=status,
-                       mask=mask, mapping=mapping, mapped=mapped, mapping_report=report, names=names)
+                       mask=mask, mapping=mapping, mapped=mapped, mapping_report=report, names=names, gemm_mnk=gemm)
 
 
 def context_mask(ranges: Ranges, patterns: Sequence[str], ctx_tid, ctx_ns, selected: list | None = None
@@ -359,22 +373,34 @@ def classify_masks(export, ops: Ops, mask: np.ndarray, patterns: Sequence[str], 
 
 def summarize(export, att: Attribution) -> Budget:
     totals = StepTotals()
-    totals.add(att.ops, att.step, att.combo, None, None, categories=att.combos["category"].to_numpy())
+    totals.add(att.ops, att.step, att.combo, None, None, categories=att.combos["category"].to_numpy(),
+               gemm=att.gemm_mnk)
     tables = totals.finish(np.arange(len(att.combos)), att.combos)
     budget = assemble(export, att.steps, att.context_method, att.combos, *tables,
-                      att.placement() if att.status is not None else None)
+                      att.placement() if att.status is not None else None, exclusive=totals.exclusive_ns(),
+                      short_kernels=totals.short)
     add_comm(budget, att)
     return budget
 
 
 def assemble(export, steps: Steps, context_method: str, combos_frame: pd.DataFrame, per_step: pd.DataFrame,
              per_step_category: pd.DataFrame, per_combo: pd.DataFrame, outside: dict,
-             nvtx_placement: dict | None) -> Budget:
-    """The Budget from the totals (accumulate.StepTotals.finish) of its steps."""
+             nvtx_placement: dict | None, exclusive: pd.DataFrame | None = None,
+             short_kernels: dict | None = None) -> Budget:
+    """The Budget from the totals (accumulate.StepTotals.finish) of its steps; `exclusive`: StepTotals.exclusive_ns
+    (the busy time split among categories), which also gives per_step_category its `exclusive_ns` column; `short_kernels`: per device, (ns,
+    count) of the kernels under accumulate.SHORT_KERNEL_NS (StepTotals.short)."""
+    if exclusive is None:
+        exclusive = pd.DataFrame({"device": [], "step": [], "category": [], "exclusive_ns": []})
+    if per_step_category is not None:
+        per_step_category = per_step_category.merge(exclusive, on=["device", "step", "category"], how="left")
+        per_step_category["exclusive_ns"] = per_step_category["exclusive_ns"].fillna(0).astype(np.int64)
+    excl_by = exclusive.groupby(["device", "category"])["exclusive_ns"].sum()
     devices = []
     for device in sorted(set(per_step["device"].tolist())):
         d_steps = per_step[per_step["device"] == device]
         n = len(d_steps)
+        excl = excl_by.loc[device].to_dict() if device in excl_by.index.get_level_values(0) else {}
         combos = per_combo[per_combo["device"] == device].merge(combos_frame, left_on="combo", right_index=True)
         total_op_ns = float(combos["ns"].sum())
         kernels = (combos.groupby(["name", "demangled", "category", "family"], sort=False)[["ns", "count"]]
@@ -385,6 +411,7 @@ def assemble(export, steps: Steps, context_method: str, combos_frame: pd.DataFra
         mean_span = float(d_steps["span_ns"].mean()) / NS_PER_MS
         mean_busy = float(d_steps["busy_ns"].mean()) / NS_PER_MS
         kernel_only = kernels[~kernels["category"].str.startswith("memory.")]
+        shapes = kernel_shapes(combos, n, total_op_ns)  # attribute/shapes.py
         devices.append({
             "device": int(device),
             "steps": n,
@@ -395,11 +422,15 @@ def assemble(export, steps: Steps, context_method: str, combos_frame: pd.DataFra
             "overlap_ms_per_step": total_op_ns / n / NS_PER_MS - mean_busy,
             "kernels_per_step": float(kernel_only["count"].sum()) / n,
             "memops_per_step": float(kernels["count"].sum() - kernel_only["count"].sum()) / n,
-            "categories": [{"category": r.category, "ms_per_step": r.ns / n / NS_PER_MS,
-                            "count_per_step": r.count / n} for r in cats.itertuples()],
+            "idle_share": (mean_span - mean_busy) / mean_span if mean_span else 0.0,
+            "categories": [_category_row(r.category, r.ns, r.count, int(excl.get(r.category, 0)), n, mean_span)
+                           for r in cats.itertuples()],
             "kernels": [{"name": r.name, "demangled": r.demangled, "category": r.category, "family": r.family,
-                         "ms_per_step": r.ns / n / NS_PER_MS, "count_per_step": r.count / n}
+                         "ms_per_step": r.ns / n / NS_PER_MS, "count_per_step": r.count / n,
+                         "mean_us": r.ns / r.count / 1e3 if r.count else 0.0,
+                         "shapes": shapes.get((r.name, r.demangled, r.category, r.family), [])}
                         for r in kernels.itertuples()],
+            "short_kernels": short_kernel_stats((short_kernels or {}).get(int(device), (0, 0)), n, total_op_ns),
             "unclassified_share": uncl_ns / total_op_ns if total_op_ns else 0.0,
             "outside_steps": {"ops": int(outside.get(int(device), (0, 0))[1]),
                               "ms": float(outside.get(int(device), (0, 0))[0]) / NS_PER_MS},
@@ -410,6 +441,14 @@ def assemble(export, steps: Steps, context_method: str, combos_frame: pd.DataFra
                   format=export.format, tool_version=export.tool_version, steps_excluded=dict(steps.excluded),
                   per_step_category=per_step_category, context_method=context_method,
                   nvtx_placement=nvtx_placement)
+
+
+def _category_row(category: str, op_ns: float, count: float, exclusive_ns: int, n: int, mean_step_ms: float) -> dict:
+    """A device's category row: op time, exclusive and overlapped time per step, share of the mean step."""
+    exclusive_ms = exclusive_ns / n / NS_PER_MS
+    return {"category": category, "ms_per_step": op_ns / n / NS_PER_MS, "count_per_step": count / n,
+            "exclusive_ms_per_step": exclusive_ms, "overlapped_ms_per_step": (op_ns - exclusive_ns) / n / NS_PER_MS,
+            "share": exclusive_ms / mean_step_ms if mean_step_ms else 0.0}
 
 
 def _steps_per_device(budget: Budget) -> dict:

@@ -35,6 +35,23 @@ def _pairs(a: Optional[dict], b: Optional[dict], keys: Iterable[str]) -> Iterabl
         yield key, (a or {}).get(key), (b or {}).get(key)
 
 
+def raw_flags(run: Optional[dict]) -> Dict[str, Any]:
+    """The server's command-line flags as run.json recorded them (`server.args`): `--name value` pairs, a flag
+    without a value as True, keys with `-` as `_`."""
+    args = _get(run, "server", "args")
+    out: Dict[str, Any] = {}
+    if not isinstance(args, list):
+        return out
+    items = [str(x) for x in args]
+    for i, item in enumerate(items):
+        if not item.startswith("--"):
+            continue
+        key, eq, value = item[2:].partition("=")
+        nxt = items[i + 1] if i + 1 < len(items) else None
+        out[key.replace("-", "_")] = value if eq else (nxt if nxt is not None and not nxt.startswith("--") else True)
+    return out
+
+
 def compare_runs(a: Optional[dict], b: Optional[dict]) -> List[Dict[str, Any]]:
     """Differences between two run.json records, each {kind: intended|confound, what, a, b}. Empty when either
     run is unknown (there is nothing to compare: the report says so elsewhere)."""
@@ -49,6 +66,21 @@ def compare_runs(a: Optional[dict], b: Optional[dict]) -> List[Dict[str, Any]]:
         out.append(_differ("intended", "MoE backend requested", _get(a, "backend", "requested"),
                            _get(b, "backend", "requested")))
     requested = {k for k in set(args_a) | set(args_b) if args_a.get(k) != args_b.get(k)}
+    # flags the server log's server_args line does not show (e.g. --cuda-graph-max-bs), from the command line; a
+    # flag whose change the line already shows under SGLang's own name is not said twice
+    shown = {(args_a.get(k), args_b.get(k)) for k in requested}
+    flags_a, flags_b = raw_flags(a), raw_flags(b)
+    for key in sorted(set(flags_a) | set(flags_b)):
+        va, vb = flags_a.get(key, False), flags_b.get(key, False)
+        if key in args_a or key in args_b or key in IGNORED_SERVER_ARGS or va == vb or (va, vb) in shown:
+            continue
+        requested.add(key)
+        out.append({"kind": "intended", "what": f"server flag --{key.replace('_', '-')}", "a": va, "b": vb})
+    graphs_a, graphs_b = _get(a, "server_log", "cuda_graph", "batch_sizes"), _get(b, "server_log", "cuda_graph",
+                                                                                  "batch_sizes")
+    # the decode graphs the server captured: a confound unless a flag that sets them changed
+    out.append(_differ("intended" if any("cuda_graph" in k for k in requested) else "confound",
+                       "CUDA graph batch sizes the server captured", graphs_a, graphs_b))
     res_a, res_b = _get(a, "server_log", "resolved") or {}, _get(b, "server_log", "resolved") or {}
     for key, va, vb in _pairs(res_a, res_b, sorted(set(res_a) | set(res_b))):
         if key in requested and (va, vb) == (args_a.get(key), args_b.get(key)):

@@ -3,9 +3,16 @@ categories, kernel families and idle time.
 
 Per device the components add up exactly to the change of `step_ms` (the median step span):
 
-    step_ms = sum(category ms/step) - overlap + idle + (median - mean span)
+    step_ms = sum(category exclusive ms/step) + idle + (median - mean span)
 
-so   delta(step_ms) = sum(delta category) - delta(overlap) + delta(idle) + delta(median - mean).
+so   delta(step_ms) = sum(delta category exclusive) + delta(idle) + delta(median - mean).
+
+A category's component is the change of its exclusive time (its part of the busy time, budget.py): its own change.
+The change of its overlapped time (its op time that ran alongside other categories, e.g. slowed by work on another
+stream) is contention, reported in its row (`contention_ms_per_step`) and in no component: its family parts
+(diff_parts.py) describe its op time change (`op_delta_ms_per_step`), so with `moved_to_overlap_ms` (minus the
+contention) and `moved_to_comm_wait_ms` they close on its delta. A budget JSON from before exclusive time
+has only op time: its components are then the categories' op time and `overlap` (minus the device's overlap).
 
 With collectives on two or more GPUs (budget `comm`), the time a rank spent waiting for the slowest rank is split
 out of the comm categories into its own component `comm_wait` (the categories keep their transfer part), so the
@@ -28,8 +35,11 @@ import numpy as np
 import pandas as pd
 
 from profattr.attribute.budget import Budget, compute_budget
+from profattr.attribute.shapes import mean_shapes
 from profattr.attribute.diff_parts import family_split, fingerprint, kernel_rows, layer_rows
-from profattr.attribute.diff_stats import COMM_WAIT, bootstrap, is_change, practical_ms
+from profattr.attribute.diff_stats import (COMM_WAIT, WINDOWS_FOR_VARIANCE, bootstrap, coverage, is_change, levels,
+                                           practical_ms)
+from profattr.attribute.verdict import decide
 from profattr.errors import ProfattrError
 from profattr.attribute.confounds import compare_runs
 from profattr.trace.reader import run_json_path
@@ -180,6 +190,9 @@ SCALARS = ("step_ms", "mean_step_ms", "busy_ms_per_step", "idle_ms_per_step", "o
            "kernels_per_step", "memops_per_step", "unclassified_share")
 
 
+EXCLUSIVE_FIELDS = ("exclusive_ms_per_step", "overlapped_ms_per_step", "share")
+
+
 def _mean_rows(rows_per_replicate: list, key, fields=("ms_per_step", "count_per_step")) -> list:
     n = len(rows_per_replicate)
     acc: dict = {}
@@ -200,9 +213,17 @@ def _mean_device(ds: list) -> dict:
     out = {"device": ds[0]["device"], "steps": sum(d["steps"] for d in ds), "replicates": n}
     for f in SCALARS:
         out[f] = sum(d[f] for d in ds) / n
-    out["categories"] = _mean_rows([d["categories"] for d in ds], lambda r: r["category"])
+    if all("idle_share" in d for d in ds):
+        out["idle_share"] = sum(d["idle_share"] for d in ds) / n
+    fields = ("ms_per_step", "count_per_step")
+    if all(f in c for d in ds for c in d["categories"] for f in EXCLUSIVE_FIELDS):
+        fields += EXCLUSIVE_FIELDS
+    out["categories"] = _mean_rows([d["categories"] for d in ds], lambda r: r["category"], fields)
     out["kernels"] = _mean_rows([d["kernels"] for d in ds], lambda r: (r["name"], r["demangled"], r["category"],
                                                                         r.get("family")))
+    short = mean_shapes(ds, out["kernels"])  # each kernel row's launch shapes, and the short kernels, too
+    if short is not None:
+        out["short_kernels"] = short
     if all(d.get("comm") for d in ds):
         comm = {f: sum(d["comm"][f] for d in ds) / n
                 for f in ("collective_ms_per_step", "transfer_ms_per_step", "wait_ms_per_step")}
@@ -214,9 +235,11 @@ def _mean_device(ds: list) -> dict:
     return out
 
 
-def compute_diff(a: Side, b: Side, samples: int = BOOTSTRAP_SAMPLES, changed: str | None = None) -> dict:
+def compute_diff(a: Side, b: Side, samples: int = BOOTSTRAP_SAMPLES, changed: str | None = None,
+                 min_windows: int = WINDOWS_FOR_VARIANCE) -> dict:
     """The diff dict (`profattr.diff/1`). `changed` names the category family the user changed between the two
-    sides (e.g. `moe`); by default `moe` when the two run.json files name different backends."""
+    sides (e.g. `moe`); by default `moe` when the two run.json files name different backends. `min_windows`: the
+    windows per side below which no change is established (verdict.py)."""
     devices_a = [d["device"] for d in a.budget["devices"]]
     devices_b = [d["device"] for d in b.budget["devices"]]
     for side, devices in ((a, devices_a), (b, devices_b)):
@@ -230,18 +253,20 @@ def compute_diff(a: Side, b: Side, samples: int = BOOTSTRAP_SAMPLES, changed: st
     result = {
         "schema": SCHEMA,
         "a": {"path": a.path, "steps": a.budget["steps"], "backend": (a.run or {}).get("backend"),
-              "replicates": len(a.members)},
+              "replicates": len(a.members), "levels": levels(a.members)},
         "b": {"path": b.path, "steps": b.budget["steps"], "backend": (b.run or {}).get("backend"),
-              "replicates": len(b.members)},
+              "replicates": len(b.members), "levels": levels(b.members)},
         "devices": out_devices,
     }
+    result["interval"] = coverage(result["a"]["levels"], result["b"]["levels"])
     if changed is None and a.run and b.run and a.run.get("backend") != b.run.get("backend"):
         changed = "moe"
     result["changed"] = changed
     result["warnings"] = (backend_warnings(result, a.run, b.run)
                           + (same_kernel_warnings(result, changed) if changed else []))
     result["confounds"] = compare_runs(a.run, b.run)
-    result["verdict"] = verdict(result)
+    decide(result, min_windows)
+    result["summary"] = summary(result)
     return result
 
 
@@ -292,18 +317,35 @@ def same_kernel_warnings(result: dict, changed: str) -> list:
     return warnings
 
 
-def components_of(d: dict) -> dict:
-    """Component values (ms/step) whose sum is step_ms."""
-    comp = {f"category:{c['category']}": c["ms_per_step"] for c in d["categories"]}
+def has_exclusive(d: dict) -> bool:
+    """Whether a device budget has exclusive time per category (budgets from before it have only op time)."""
+    return all("exclusive_ms_per_step" in c for c in d["categories"])
+
+
+def components_of(d: dict, exclusive: bool | None = None) -> dict:
+    """Component values (ms/step) whose sum is step_ms: categories' exclusive time (`exclusive`, by default when
+    the budget has it), else their op time and minus the overlap."""
+    exclusive = has_exclusive(d) if exclusive is None else exclusive
+    key = "exclusive_ms_per_step" if exclusive else "ms_per_step"
+    comp = {f"category:{c['category']}": c[key] for c in d["categories"]}
     comm = d.get("comm")
     if comm:
         for c in comm["by_category"]:
             comp[f"category:{c['category']}"] = comp.get(f"category:{c['category']}", 0.0) - c["wait_ms_per_step"]
         comp[COMM_WAIT] = comm["wait_ms_per_step"]
     comp["idle"] = d["idle_ms_per_step"]
-    comp["overlap"] = -d["overlap_ms_per_step"]
+    if not exclusive:
+        comp["overlap"] = -d["overlap_ms_per_step"]
     comp["step_variability"] = d["step_ms"] - d["mean_step_ms"]
     return comp
+
+
+def _op_of(d: dict, cat: str) -> float:
+    return next((c["ms_per_step"] for c in d["categories"] if c["category"] == cat), 0.0)
+
+
+def _overlapped_of(d: dict, cat: str) -> float:
+    return next((c.get("overlapped_ms_per_step", 0.0) for c in d["categories"] if c["category"] == cat), 0.0)
 
 
 def _wait_of(d: dict, cat: str) -> float:
@@ -314,7 +356,8 @@ def _wait_of(d: dict, cat: str) -> float:
 def _device_diff(a: Side, b: Side, da: int, db: int, rng, samples: int) -> dict:
     A = next(d for d in a.budget["devices"] if d["device"] == da)
     B = next(d for d in b.budget["devices"] if d["device"] == db)
-    ca, cb = components_of(A), components_of(B)
+    exclusive = has_exclusive(A) and has_exclusive(B)  # both sides split the same way, or neither
+    ca, cb = components_of(A, exclusive), components_of(B, exclusive)
     names = sorted(set(ca) | set(cb), key=lambda n: (-abs(cb.get(n, 0.0) - ca.get(n, 0.0)), n))
     delta_step = B["step_ms"] - A["step_ms"]
     threshold = practical_ms(A["step_ms"])
@@ -329,6 +372,10 @@ def _device_diff(a: Side, b: Side, da: int, db: int, rng, samples: int) -> dict:
             split = family_split(A, B, cat)
             # a comm category's component is its transfer part: the change of its wait went to comm_wait
             split["moved_to_comm_wait_ms"] = -(_wait_of(B, cat) - _wait_of(A, cat))
+            if exclusive:  # the change of its time run alongside other categories: contention, not its own
+                split["contention_ms_per_step"] = _overlapped_of(B, cat) - _overlapped_of(A, cat)
+                split["op_delta_ms_per_step"] = _op_of(B, cat) - _op_of(A, cat)
+                split["moved_to_overlap_ms"] = -split["contention_ms_per_step"]  # with the family parts: delta
             row.update(split)
             row["kernels"] = kernel_rows(A, B, cat)
         ci = boot.get(name) if boot else None
@@ -353,17 +400,22 @@ def _device_diff(a: Side, b: Side, da: int, db: int, rng, samples: int) -> dict:
     }
 
 
-def verdict(result: dict) -> str:
-    """One line: how much slower or faster B is, whether that is a change at all, and the largest causes."""
+def summary(result: dict) -> str:
+    """One line: how much slower or faster B is, whether that is an established change, and the largest causes."""
     parts = []
+    valid = (result.get("validity") or {}).get("valid", True)
     for d in result["devices"]:
         s = d["step_ms"]
         rel = f" ({100.0 * s['relative']:+.1f}%)" if s.get("relative") is not None else ""
-        sig = "" if s.get("change", True) else " within noise"
+        if not valid and s.get("change"):
+            sig = ", not established"
+        else:
+            sig = "" if s.get("change", True) else " within noise"
         real = [c for c in d["components"] if c["change"]]
         real.sort(key=lambda c: -abs(c["delta_ms_per_step"]))
         causes = ", ".join(f"{c['component']} {c['delta_ms_per_step']:+.3f} ms" for c in real[:3])
         parts.append(f"GPU {d['device']}: B {s['delta']:+.3f} ms/step{rel} vs A{sig}"
                      + (f"; mostly {causes}" if causes and not sig else
+                        f"; largest components {causes}" if causes and valid is False and s.get("change") else
                         f", though these components did change: {causes}" if causes else ""))
     return "; ".join(parts)

@@ -7,7 +7,9 @@ never priced at the category's old mean duration). For a category with rows r in
     delta = sum(added families' B ms) - sum(removed families' A ms)
             + sum over families in both of [(n_B - n_A) * mean_A + n_B * (mean_B - mean_A)]
 
-exactly (mean = ms per step / count per step of that family), so the parts close on the category's change.
+exactly (mean = ms per step / count per step of that family), so the parts close on the change of the category's
+op time; diff.py takes the change of its overlapped time (contention) out of that to reach its component, the change
+of its exclusive time.
 """
 from __future__ import annotations
 

@@ -1,11 +1,17 @@
-"""How sure a diff is: 95 % intervals by bootstrap, over steps and over replicate captures, and the practical
-threshold below which a change is not called one.
+"""How sure a diff is: 95 % intervals by a hierarchical bootstrap over the levels a side was measured at (servers,
+windows within a server, steps within a window), and the practical threshold below which a change is not called one.
 
-Each side is one or more replicates (captures of one configuration). A bootstrap sample resamples each side's
-replicates (with replacement), and within each chosen replicate its steps (with replacement); a component's value
-is the mean over the chosen replicates of their per-step means (the step time: of their median spans). So the
-intervals carry the spread between runs, not only between the steps of one run; with one replicate per side this
-is the plain step bootstrap.
+Each side is one or more captures (windows). Windows are grouped by server: a server is one launch of the serving
+process, which run.json records (`session`: the windows one `profattr capture` run opened in one server; otherwise
+each capture started its own). A bootstrap sample resamples a side's servers (with replacement), then within each
+chosen server its windows, then within each chosen window its steps; a component's value is the mean over the
+chosen servers of the mean over their chosen windows of the per-step means (the step time: of the median spans).
+
+An interval covers only the levels a side has more than one of. Steps vary less than windows do (two windows of one
+server, same configuration, differ by far more than their steps' interval says), so an interval over one or two
+windows per side does not cover window-to-window variance (WINDOWS_FOR_VARIANCE), and one server per side does not
+cover server-to-server variance (SERVERS_FOR_VARIANCE): `coverage` says which, and such a diff establishes no
+change (diff.py's verdict).
 
 A component is called a change only when its interval excludes 0 AND its size is at least the practical threshold:
 max(PRACTICAL_MS, PRACTICAL_SHARE x A's step time). Smaller changes are real at best in the statistical sense and
@@ -19,6 +25,8 @@ NS_PER_MS = 1e6
 PRACTICAL_MS = 0.001  # 1 us per step
 PRACTICAL_SHARE = 0.005  # 0.5 % of the step
 COMM_WAIT = "comm_wait"
+WINDOWS_FOR_VARIANCE = 3  # windows per side from which resampling them says something about their spread
+SERVERS_FOR_VARIANCE = 2  # servers per side for the interval to hold any server-to-server variance
 
 
 def practical_ms(step_ms_a: float) -> float:
@@ -33,14 +41,19 @@ def is_change(delta: float, ci, threshold: float) -> bool:
 
 
 def step_matrix(side, device: int, names: list) -> np.ndarray | None:
-    """Steps x components matrix (ms) of one replicate, plus the span (last column), for bootstrapping."""
+    """Steps x components matrix (ms) of one replicate, plus the span (last column), for bootstrapping. Category
+    columns are the steps' exclusive time (`exclusive_ns`), or their op time when the components have `overlap`
+    (budgets from before exclusive time)."""
     ps, psc = side.per_step, side.per_step_category
     if ps is None or psc is None:
         return None
     steps = ps[ps["device"] == device].set_index("step")
     if steps.empty:
         return None
-    cat = psc[psc["device"] == device].pivot_table(index="step", columns="category", values="ns",
+    value = "ns" if "overlap" in names else "exclusive_ns"
+    if value not in psc.columns:
+        return None
+    cat = psc[psc["device"] == device].pivot_table(index="step", columns="category", values=value,
                                                    aggfunc="sum", fill_value=0)
     cat = cat.reindex(steps.index, fill_value=0)
     wait = None
@@ -94,11 +107,76 @@ def _replicate_samples(m: np.ndarray, names: list, rng, samples: int) -> np.ndar
     return out
 
 
-def _side_samples(mats: list, names: list, rng, samples: int) -> np.ndarray:
-    """samples x (components, median, mean) of a side: replicates resampled, then their steps."""
-    per = np.stack([_replicate_samples(m, names, rng, samples) for m in mats])  # R x samples x C
-    picks = rng.integers(0, len(mats), size=(samples, len(mats)))
-    return per[picks, np.arange(samples)[:, None], :].mean(axis=1)
+def server_key(run) -> tuple | None:
+    """The identity of the server launch a capture was made in, from its run.json: the `profattr capture` session
+    (its windows share one server) with its creation time, else the run itself (a capture that started its own
+    server). None without a run.json: the server is unknown."""
+    if not isinstance(run, dict):
+        return None
+    session = run.get("session")
+    created = run.get("created_utc")
+    if isinstance(session, dict) and session.get("name"):
+        return ("session", str(session["name"]), str(created))
+    if run.get("name") or created:
+        return ("run", str(run.get("name")), str(created))
+    return None
+
+
+def server_groups(keys: list) -> list:
+    """Indices of the windows of each server, in first-seen order; a window of an unknown server (None) is a
+    server of its own."""
+    groups: dict = {}
+    for i, key in enumerate(keys):
+        groups.setdefault(("window", i) if key is None else key, []).append(i)
+    return list(groups.values())
+
+
+def levels(members: list) -> dict:
+    """How many servers, windows and steps a side has (`servers` None when a window's server is unknown)."""
+    keys = [server_key(m.run) for m in members]
+    steps = sum(int((m.budget.get("steps") or {}).get("count") or 0) for m in members)
+    return {"servers": None if any(k is None for k in keys) else len(set(keys)), "windows": len(members),
+            "steps": steps}
+
+
+def coverage(levels_a: dict, levels_b: dict) -> dict:
+    """Which variance a diff's intervals cover, from both sides' levels."""
+    windows = min(levels_a["windows"], levels_b["windows"])
+    servers = [x["servers"] for x in (levels_a, levels_b)]
+    known = all(s is not None for s in servers)
+    covers_windows = windows >= WINDOWS_FOR_VARIANCE
+    covers_servers = known and min(servers) >= SERVERS_FOR_VARIANCE
+    covered = ["steps"] + (["windows"] if covers_windows else []) + (["servers"] if covers_servers else [])
+    missing = []
+    if not covers_windows:
+        missing.append(f"window-to-window variance (fewer than {WINDOWS_FOR_VARIANCE} windows per side)")
+    if not covers_servers:
+        missing.append("server-to-server variance (" + (f"fewer than {SERVERS_FOR_VARIANCE} servers per side"
+                                                         if known else "a capture without run.json: its server "
+                                                         "is unknown") + ")")
+    return {"covers": covered, "covers_window_variance": covers_windows, "covers_server_variance": covers_servers,
+            "windows_per_side": [levels_a["windows"], levels_b["windows"]],
+            "servers_per_side": servers, "missing": missing}
+
+
+def _side_samples(mats: list, names: list, rng, samples: int, servers: list | None = None,
+                  resample_windows: bool = True) -> np.ndarray:
+    """samples x (components, median, mean) of a side: servers resampled, then their windows, then the windows'
+    steps. `servers` holds the window indices of each server (default: each window its own server);
+    resample_windows=False keeps every window (the steps-only interval, for comparison)."""
+    per = np.stack([_replicate_samples(m, names, rng, samples) for m in mats])  # windows x samples x C
+    rows = np.arange(samples)[:, None]
+    if not resample_windows:
+        return per.mean(axis=0)
+    groups = servers if servers is not None else [[i] for i in range(len(mats))]
+    by_server = []
+    for windows in groups:
+        w = np.asarray(windows)
+        picks = w[rng.integers(0, len(w), size=(samples, len(w)))]
+        by_server.append(per[picks, rows, :].mean(axis=1))
+    by_server = np.stack(by_server)  # servers x samples x C
+    picks = rng.integers(0, len(groups), size=(samples, len(groups)))
+    return by_server[picks, rows, :].mean(axis=1)
 
 
 def bootstrap(sides_a: list, sides_b: list, da: int, db: int, names: list, rng, samples: int) -> dict | None:
@@ -108,7 +186,8 @@ def bootstrap(sides_a: list, sides_b: list, da: int, db: int, names: list, rng, 
     mats_b = [step_matrix(s, db, names) for s in sides_b]
     if any(m is None or len(m) < 2 for m in mats_a + mats_b):
         return None
-    sa, sb = _side_samples(mats_a, names, rng, samples), _side_samples(mats_b, names, rng, samples)
+    sa = _side_samples(mats_a, names, rng, samples, server_groups([server_key(m.run) for m in sides_a]))
+    sb = _side_samples(mats_b, names, rng, samples, server_groups([server_key(m.run) for m in sides_b]))
     out = {"step_ms": _ci(sb[:, -2] - sa[:, -2])}
     for j, name in enumerate(names):
         if name == "step_variability":

@@ -10,7 +10,9 @@ A verdict is one of four, decided in this order from the launch's own numbers (t
 - too few CTAs for the GPU: neither of the above, and the grid fills less than FEW_WAVES of the CTA slots the GPU
   holds at once (ncu's waves per SM), so SMs sit idle or hold too few warps to hide memory latency;
 - latency-bound: neither throughput high although the grid fills the GPU.
-A family is the launches of one kernel with one grid and block; its verdict is that of its median numbers.
+A family is the launches of one kernel with one launch shape (grid, block and registers per thread: another Triton
+or CUTLASS specialization, or another M of the same GEMM, is another family); its verdict is that of its median
+numbers, and its sentence names the shape it is about.
 """
 from __future__ import annotations
 
@@ -128,7 +130,7 @@ def _stats(values: Sequence[float]) -> dict:
 
 @dataclass
 class Family:
-    """The launches of one kernel name with one grid and block."""
+    """The launches of one kernel name with one launch shape (grid, block, registers per thread)."""
 
     name: str
     short_name: str
@@ -148,13 +150,39 @@ class Family:
     total_ns: float  # summed duration of its launches
     verdict: Verdict
     launch_verdicts: dict  # verdict kind -> launches
+    capture: Optional[dict] = None  # {ms_per_step, count_per_step} of the same kernel and shape in the capture
+
+    @property
+    def label(self) -> str:
+        from profattr.trace.ops import shape_label
+
+        return shape_label({"grid": list(self.grid), "block": list(self.block),
+                            "registers_per_thread": self.registers_per_thread})
+
+    @property
+    def sentence(self) -> str:
+        """One line about this shape: launches, median duration, achieved DRAM bandwidth, the verdict."""
+        dur, rate = self.stats["duration_ns"]["median"], self.stats["dram_bytes_per_s"]["median"]
+        dram = self.stats["dram_throughput_pct"]["median"]
+        text = (f"{self.short_name} {self.label}: {self.launches} launch{'es' if self.launches != 1 else ''}, "
+                f"median {dur / 1e3:.1f} µs, DRAM {rate / 1e12:.2f} TB/s ({dram:.1f}% of peak), {self.grid_size} "
+                f"CTA{'s' if self.grid_size != 1 else ''} = {self.waves_per_sm:.2f} waves: {self.verdict.title}")
+        if self.capture:
+            gemms = self.capture.get("gemm") or []
+            dims = ("; as GEMM" + ("s " if len(gemms) > 1 else " ")
+                    + ", ".join((f"M={g['m']} " if g.get("m") else "") + f"N={g['n']} K={g['k']}" for g in gemms)
+                    if gemms else "")
+            text += (f" (the capture runs this shape {self.capture['count_per_step']:.1f}x per step, "
+                     f"{self.capture['ms_per_step']:.3f} ms{dims})")
+        return text
 
     @property
     def launches(self) -> int:
         return len(self.ids)
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "short_name": self.short_name, "category": self.category, "grid": list(self.grid),
+        return {"name": self.name, "short_name": self.short_name, "category": self.category, "label": self.label,
+                "sentence": self.sentence, "capture": self.capture, "grid": list(self.grid),
                 "block": list(self.block), "grid_size": self.grid_size, "block_size": self.block_size,
                 "launches": self.launches, "ids": list(self.ids), "total_duration_ns": self.total_ns,
                 **self.stats, "waves_per_sm": self.waves_per_sm, "sm_count": self.sm_count,
@@ -164,13 +192,20 @@ class Family:
                 "launch_verdicts": dict(self.launch_verdicts)}
 
 
-def families_of(kernels: Sequence, categories: Mapping[str, str]) -> List[Family]:
-    """Kernel families, largest summed duration first."""
+def shape_key(short_name: str, grid, block, registers_per_thread) -> tuple:
+    """What matches a drilled family to the capture's launches of the same kernel and shape."""
+    return (short_name, tuple(int(v) for v in grid), tuple(int(v) for v in block), int(registers_per_thread))
+
+
+def families_of(kernels: Sequence, categories: Mapping[str, str],
+                capture_shapes: Mapping[tuple, dict] = None) -> List[Family]:
+    """Kernel families (one per kernel and launch shape), largest summed duration first. capture_shapes:
+    shape_key -> {ms_per_step, count_per_step} of that kernel and shape in the nsys capture."""
     groups: Dict[tuple, list] = {}
     for k in kernels:
-        groups.setdefault((k.name, k.grid, k.block), []).append(k)
+        groups.setdefault((k.name, k.grid, k.block, k.registers_per_thread), []).append(k)
     out = []
-    for (name, grid, block), ks in groups.items():
+    for (name, grid, block, _), ks in groups.items():
         stats = {f: _stats([getattr(k, f) for k in ks]) for f in STAT_FIELDS}
         first = ks[0]
         numbers = {f: stats[f]["median"] for f in STAT_FIELDS}
@@ -189,7 +224,9 @@ def families_of(kernels: Sequence, categories: Mapping[str, str]) -> List[Family
                      ctas_per_sm=first.ctas_per_sm, ctas_per_sm_limiter=first.ctas_per_sm_limiter,
                      theoretical_occupancy_pct=first.theoretical_occupancy_pct,
                      total_ns=sum(k.duration_ns for k in ks), verdict=verdict(numbers),
-                     launch_verdicts=launch_verdicts)
+                     launch_verdicts=launch_verdicts,
+                     capture=(capture_shapes or {}).get(shape_key(first.short_name, grid, block,
+                                                                  first.registers_per_thread)))
         out.append(fam)
     return sorted(out, key=lambda f: -f.total_ns)
 
@@ -236,7 +273,12 @@ def name_summaries(families: Sequence[Family], family_of: Mapping[str, Optional[
             facts.append(f"{100 * main['share_of_time']:.0f}% of their time")
         elif seen:
             facts.append(f"{launches} launch{'es' if launches != 1 else ''} profiled")
-        if seen:
+        one = fams[0].capture if len(fams) == 1 else None  # the one drilled shape, as the capture runs it
+        if seen and one and abs(one["count_per_step"] - seen["count_per_step"]) > 1e-9:
+            facts.append(f"the capture runs this shape {one['count_per_step']:.1f}x per step, "
+                         f"{one['ms_per_step']:.3f} ms (the name with its other shapes: {seen['count_per_step']:.1f}x, "
+                         f"{seen['ms_per_step']:.3f} ms)")
+        elif seen:
             facts.append(f"the capture runs it {seen['count_per_step']:.1f}x per step, {seen['ms_per_step']:.3f} ms")
         part = (f" in {main['launches']} of its {launches} profiled launches" if main["launches"] != launches
                 else "") + (f" ({'; '.join(facts)})" if facts else "")
@@ -249,7 +291,8 @@ def name_summaries(families: Sequence[Family], family_of: Mapping[str, Optional[
                + ", ".join(f"{c} {TITLES[k]}" for k, c in sorted(mixed.items(), key=lambda kv: -kv[1])) + ")"
                if mixed else "")
         advice = FAMILY_ADVICE.get((family, main["verdict"]), ADVICE[main["verdict"]])
-        sentence = (f"{first.short_name} runs grid{'s' if main['ctas'][0] != main['ctas'][1] else ''} of {grids} "
+        what = f"{first.short_name} ({first.label})" if len(fams) == 1 else first.short_name
+        sentence = (f"{what} runs grid{'s' if main['ctas'][0] != main['ctas'][1] else ''} of {grids} "
                     f"CTAs on a {first.sm_count}-SM GPU at {dram}% of DRAM peak{part}: {main['title']}{mix}; "
                     f"{advice}")
         shapes = default_configs.get(family) if family else None
@@ -263,6 +306,7 @@ def name_summaries(families: Sequence[Family], family_of: Mapping[str, Optional[
             sentence += "; the rest: " + ", ".join(others)
         out.append({"name": name, "short_name": first.short_name, "category": first.category, "family": family,
                     "launches": launches, "duration_ns": total, "verdicts": groups,
+                    "shapes": [{"label": f.label, "verdict": f.verdict.kind, "sentence": f.sentence} for f in fams],
                     "capture_ms_per_step": seen["ms_per_step"] if seen else None,
                     "capture_count_per_step": seen["count_per_step"] if seen else None, "sentence": sentence})
     out.sort(key=lambda s: -s["duration_ns"])
@@ -399,16 +443,18 @@ class DrillAnalysis:
 
 def analyse_drill(ncu, categories: Mapping[str, str], families: Mapping[str, Optional[str]] = None,
                   floors: Mapping[str, Optional[dict]] = None, measured_ms: Mapping[str, float] = None,
-                  assumptions: Sequence[str] = (), capture_kernels: Mapping[str, dict] = None) -> DrillAnalysis:
+                  assumptions: Sequence[str] = (), capture_kernels: Mapping[str, dict] = None,
+                  capture_shapes: Mapping[tuple, dict] = None) -> DrillAnalysis:
     """Verdicts, families, per-name sentences and per-category floor comparison of one drill.
 
     ncu: an NcuCsv. categories / families: kernel name (as in the CSV) -> taxonomy category / family. floors:
     category -> kernel_floor.category_floor(...) or None. measured_ms: category -> ms per step in the capture;
-    capture_kernels: kernel name -> {ms_per_step, count_per_step} in the capture."""
+    capture_kernels: kernel name -> {ms_per_step, count_per_step} in the capture; capture_shapes: the same per
+    shape_key (short name, grid, block, registers per thread)."""
     kernels = list(ncu.kernels)
     peak = _peak_bytes_per_s(kernels)
     clocks = [k.sm_clock_hz for k in kernels if k.sm_clock_hz]
-    fams = families_of(kernels, categories)
+    fams = families_of(kernels, categories, capture_shapes)
     names = name_summaries(fams, families or {}, default_configs(ncu.run), capture_kernels)
     notes = list(assumptions)
     notes.append("DRAM bytes: " + kernels[0].dram_bytes_source)

@@ -67,6 +67,10 @@ def _echo(message: str) -> None:
               help="prompt length in token ids")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=64, show_default=True,
               help="tokens decoded per request (at least --steps + 4)")
+@click.option("--prompts", type=click.Choice(["random", "same"]), default="random", show_default=True,
+              help="SGLang: random token ids, distinct per request and round (seeded), or one fixed prompt for all "
+                   "(then a batch's sequences route to the same experts)")
+@click.option("--prompt-seed", type=int, default=0, show_default=True, help="seed of --prompts random")
 @click.option("--batch", "batch_spec", default="1", show_default=True, metavar="B[,B...]",
               help="concurrent requests (decode batch size); SGLang: a list (1,4,8) profiles one window per size "
                    "from one server, named NAME-bsB")
@@ -89,7 +93,7 @@ def _echo(message: str) -> None:
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def capture(out_dir, name, force, dry_run, nsys_path, trace, capture_range, nvtx_capture, profiler, torch_with_stack,
             repeat, cpu_samples, cuda_graph_trace, model, backend, tp, host, port, launcher, health_timeout_s, input_len,
-            max_new_tokens, batch_spec, warmup, trials, steps, workload, mode, moe_impl, graph_window, timeout_s,
+            max_new_tokens, prompts, prompt_seed, batch_spec, warmup, trials, steps, workload, mode, moe_impl, graph_window, timeout_s,
             finish_dir, args):
     """Record decode under Nsight Systems and export it: an SGLang server (--model), the built-in workload
     (--workload moe-decode), or any command after `--`.
@@ -111,7 +115,7 @@ def capture(out_dir, name, force, dry_run, nsys_path, trace, capture_range, nvtx
         out_dir=out_dir, name=name, force=force, dry_run=dry_run, nsys=nsys_path, trace=trace,
         capture_range=capture_range, cuda_graph_trace=cuda_graph_trace, args=tuple(args), model=model,
         backend=backend, tp=tp, host=host, port=port, launcher=launcher, health_timeout_s=health_timeout_s,
-        input_len=input_len, max_new_tokens=max_new_tokens, batch=batches[0], warmup=warmup, trials=trials,
+        input_len=input_len, max_new_tokens=max_new_tokens, prompts=prompts, prompt_seed=prompt_seed, batch=batches[0], warmup=warmup, trials=trials,
         steps=steps, workload=workload, mode=mode, moe_impl=moe_impl, graph_window=graph_window, timeout_s=timeout_s,
         batches=batches if len(batches) > 1 else (), repeat=repeat, nvtx_capture=nvtx_capture, profiler=profiler,
         torch_with_stack=torch_with_stack, cpu_samples=cpu_samples)

@@ -16,6 +16,7 @@ from profattr.capture.plan import Plan, Window, window_body
 Echo = Callable[[str], None]
 REPORT_WAIT_S = 180  # after `nsys stop`, the window's report is written while the server keeps running
 TRACE_WAIT_S = 180  # SGLang exports the torch trace after the window's last step
+LOG_FLUSH_S = 1.0
 CLIENT_CAVEAT = ("client-side: token arrival times inside the window; they include the stall of nsys flushing its "
                  "buffers at cudaProfilerStop, so ms_per_token_profiled is measured in the capture instead")
 
@@ -53,14 +54,15 @@ def drive_sglang(p: Plan, launcher: subprocess.Popen, runs: dict, echo: Echo, cl
     health_s = _wait_healthy(p, client, alive, launcher, echo)
     for run in runs.values():
         run["server"]["healthy_after_s"] = round(health_s, 1)
-    body = sglang.generate_body(sglang.prompt_ids(p.options.input_len), p.options.max_new_tokens)
+    requests = sglang.Requests(p.options.prompts, p.options.input_len, p.options.max_new_tokens,
+                               p.options.prompt_seed)
     try:
         for batch in p.options.batch_list:
             windows = [w for w in p.windows if w.batch == batch]
-            timing = time_unprofiled(p, client, body, batch, echo)
+            timing = time_unprofiled(p, client, requests, batch, echo)
             for w in windows:
                 runs[w.name]["timing"].update(timing)
-                profile_window(p, client, body, w, runs[w.name], echo, clock)
+                profile_window(p, client, requests, w, runs[w.name], echo, clock)
     except (OSError, ValueError, http.client.HTTPException) as exc:  # refused/reset/cut off, bad JSON
         what = "the server exited during the requests" if not alive() else "a request to the server failed"
         raise DriveError(f"{what} ({exc})", proc.log_tail(p.path("log"))) from None
@@ -84,13 +86,18 @@ def _wait_healthy(p: Plan, client, alive, launcher, echo: Echo) -> float:
     return health_s
 
 
-def time_unprofiled(p: Plan, client, body: dict, batch: int, echo: Echo) -> dict:
-    """Warm-up rounds with the window's shapes, then timed rounds outside any window; the timing entries."""
+def time_unprofiled(p: Plan, client, requests, batch: int, echo: Echo) -> dict:
+    """Warm-up rounds with the window's shapes, then timed rounds outside any window; the timing entries. The
+    log's size before and after the timed rounds is kept, so that the server's own decode log lines of those rounds
+    (one per --decode-log-interval steps, with its decode throughput) give the unprofiled time of a step."""
     o = p.options
     for _ in range(o.warmup):
-        sglang.run_concurrent(client, body, batch)
+        sglang.run_concurrent(client, requests.bodies(batch))
     echo(f"batch {batch}: warm-up done ({o.warmup} round(s)); timing {o.trials} unprofiled round(s)")
-    rounds = [sglang.ms_per_token(sglang.run_concurrent(client, body, batch)) for _ in range(o.trials)]
+    log_from = _log_size(p)
+    rounds = [sglang.ms_per_token(sglang.run_concurrent(client, requests.bodies(batch))) for _ in range(o.trials)]
+    time.sleep(LOG_FLUSH_S)  # the server's last decode lines of these rounds reach the log (through nsys) late
+    log_to = _log_size(p)
     unprof = sglang.spread(rounds)
     if unprof.get("n"):
         echo(f"batch {batch}: unprofiled {unprof['median']:.3f} ms/token (min {unprof['min']:.3f}, "
@@ -104,10 +111,18 @@ def time_unprofiled(p: Plan, client, body: dict, batch: int, echo: Echo) -> dict
         "measured_where": ("same server, before the window opened (profiler attached, not collecting)"
                            if p.capture_range != "none" else
                            "same server, nsys recording throughout (--capture-range none)"),
+        "log_span_bytes": [log_from, log_to] if log_from is not None and log_to is not None else None,
     }
 
 
-def profile_window(p: Plan, client, body: dict, w: Window, run: dict, echo: Echo, clock=time.time) -> None:
+def _log_size(p: Plan) -> int | None:
+    try:
+        return p.path("log").stat().st_size
+    except OSError:
+        return None
+
+
+def profile_window(p: Plan, client, requests, w: Window, run: dict, echo: Echo, clock=time.time) -> None:
     """Open one window, decode `w.batch` requests inside it, make sure it closed and its output was written."""
     o = p.options
     window = run["window"]
@@ -119,7 +134,7 @@ def profile_window(p: Plan, client, body: dict, w: Window, run: dict, echo: Echo
         nsys_tool.session_call(nsys_tool.start_command(p.profile_cmd[0], p.session, p.nsys_output(w),
                                                        cpu_samples=p.options.cpu_samples))
         echo(f"window {w.name} open (nsys session)")
-        results = sglang.run_concurrent(client, body, w.batch)
+        results = sglang.run_concurrent(client, requests.bodies(w.batch))
         nsys_tool.session_call(nsys_tool.stop_command(p.profile_cmd[0], p.session))
         window["closed_utc_s"] = clock()
         window["closed_by"] = "nsys stop"
@@ -139,12 +154,12 @@ def profile_window(p: Plan, client, body: dict, w: Window, run: dict, echo: Echo
     if o.profiler == "ncu":
         # decode steps only: the window opens once every request has its first token (its prefill is done)
         window["opens"] = "after the requests' prefill"
-        results = sglang.run_concurrent(client, body, w.batch, after_first_token=open_window)
+        results = sglang.run_concurrent(client, requests.bodies(w.batch), after_first_token=open_window)
         if "start_profile_status" not in window:
             raise DriveError("the window's requests failed before their first token")
     else:
         open_window()
-        results = sglang.run_concurrent(client, body, w.batch)
+        results = sglang.run_concurrent(client, requests.bodies(w.batch))
     # the window's first step is the prefill of these requests, so decode tokens 1..steps-1 lie inside it. Only a
     # secondary figure: a profiler flushing its buffers at the window's end stalls the streamed tokens; the
     # profiled ms/token proper is measured in the capture

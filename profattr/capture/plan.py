@@ -61,6 +61,8 @@ class Options:
     health_timeout_s: float = 600
     input_len: int = 64
     max_new_tokens: int = 64
+    prompts: str = "random"  # sglang.PROMPT_KINDS
+    prompt_seed: int = 0
     batch: int = 1
     warmup: int = 3
     trials: int = 5
@@ -350,7 +352,7 @@ def describe(p: Plan) -> str:
         lines += [f"# {step}. wait until healthy (up to {o.health_timeout_s:.0f} s)", sglang.curl(client, "/health")]
         step += 1
         for batch in o.batch_list:
-            body = sglang.generate_body(sglang.prompt_ids(o.input_len), o.max_new_tokens, stream=True)
+            body = sglang.Requests(o.prompts, o.input_len, o.max_new_tokens, o.prompt_seed).bodies(1)[0]
             lines += [f"# {step}. batch {batch}: warm-up, {o.warmup} round(s) of {batch} concurrent request(s); "
                       f"then {o.trials} unprofiled timing round(s) (ms/token from streamed token arrival times)",
                       sglang.curl(client, "/generate", body)]

@@ -92,9 +92,10 @@ def initial_run(p: Plan) -> dict:
         run["model_config"] = model_config(o.model)
         run["server"] = {"launcher": sglang.launcher_command(o.launcher), "args": list(o.args), "host": o.host,
                          "port": o.port, "health_timeout_s": o.health_timeout_s}
+        prompts = sglang.Requests(o.prompts, o.input_len, o.max_new_tokens, o.prompt_seed)
         run["requests"] = {"input_len": o.input_len, "input": "token ids", "max_new_tokens": o.max_new_tokens,
                            "batch": o.batch, "warmup_rounds": o.warmup, "timed_rounds": o.trials,
-                           "body": sglang.generate_body(sglang.prompt_ids(o.input_len), o.max_new_tokens)}
+                           **prompts.describe(), "body": prompts.bodies(1)[0]}
     elif p.target == "workload":
         run["workload_request"] = {"name": o.workload, "mode": o.mode, "moe_impl": o.moe_impl,
                                    "graph_window": o.graph_window, "batch": o.batch, "steps": o.steps,
@@ -205,6 +206,7 @@ def execute(p: Plan, echo: Echo) -> tuple:
         run["capture"]["duration_s"] = duration
         if evidence is not None:
             run["server_log"] = serverlog.for_window(evidence, run.get("window", {}))
+            _unprofiled_steps(run, p.path("log"))
         if p.target == "workload":
             _attach_workload(p, run)
         run["status"] = "interrupted" if interrupted else "failed" if error else "complete"
@@ -377,6 +379,18 @@ def _finish_bare(qdstrm: Path, nsys_explicit: str | None, force: bool, echo: Ech
     return _finish_run(qdstrm.with_name(name + ".run.json"), run, name, nsys_explicit, force, echo)
 
 
+def _unprofiled_steps(run: dict, log: Path) -> None:
+    """run["timing"]["unprofiled_step"]: the unprofiled decode step at the window's batch from the server's own
+    decode lines (serverlog.unprofiled_steps); nothing when the log has none."""
+    batch = (run.get("requests") or {}).get("batch")
+    timing = run.setdefault("timing", {})
+    if not isinstance(batch, int) or batch < 1:
+        return
+    steps = serverlog.unprofiled_steps(log, batch, timing.get("log_span_bytes"))
+    if steps is not None:
+        timing["unprofiled_step"] = steps
+
+
 def _finish_run(run_path: Path, run: dict, name: str, nsys_explicit: str | None, force: bool, echo: Echo) -> tuple:
     tool = nsys_tool.find_nsys(nsys_explicit)
     if not tool.importer and not (run_path.parent / (name + ".nsys-rep")).exists():
@@ -391,6 +405,7 @@ def _finish_run(run_path: Path, run: dict, name: str, nsys_explicit: str | None,
     log = run_path.parent / (run.get("files") or {}).get("log", name + ".log")
     if log.is_file() and run.get("target") == "sglang":  # re-read: what the log says is re-derived each time
         run["server_log"] = serverlog.for_window(serverlog.read_log(log), run.get("window", {}))
+        _unprofiled_steps(run, log)
     finish_outputs(run_path.parent, name, run, tool.path, tool.importer, echo, force=force)
     if run.get("status") == "needs_import" and (run_path.parent / (name + SUFFIXES["report"])).exists():
         run["status"] = "complete"

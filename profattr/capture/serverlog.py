@@ -19,6 +19,7 @@ Times are read as UTC (the server's clock, as written); events are matched to a 
 from __future__ import annotations
 
 import re
+import statistics
 from calendar import timegm
 from pathlib import Path
 
@@ -208,3 +209,58 @@ def for_window(evidence: dict | None, window: dict) -> dict | None:
         out["events"][kind] = marked
         out["in_window"][kind] = sum(1 for r in marked if r["in_window"])
     return out
+
+
+# "Decode batch, #running-req: 4, #token: 512, token usage: 0.00, cuda graph: True, gen throughput (token/s):
+# 1303.57, #queue-req: 0" (managers/scheduler_metrics_mixin.py, log_decode_stats): printed every
+# --decode-log-interval decode steps, the throughput being the tokens decoded since the previous such line over the
+# time since it. A line right after a prefill (or after an idle server) spans more than decode steps, so only a line
+# whose previous scheduler line was a decode line at the same number of requests is one of decode steps alone.
+DECODE_LINE = re.compile(rb"Decode batch[.,]?\s.*?#running-req:\s*(\d+)\b.*?gen throughput \(token/s\):\s*([0-9.]+)")
+PREFILL_LINE = re.compile(rb"Prefill batch")
+DECODE_STEP_METHOD = ("server log: SGLang's decode lines at #running-req = batch whose previous scheduler line was "
+                      "a decode line too (decode steps only); one step = #running-req / gen throughput")
+
+
+def decode_step_ms(data: bytes, batch: int) -> list:
+    """ms per decode step of each clean decode line at `batch` requests in log bytes (see DECODE_LINE)."""
+    out, previous = [], None
+    for line in data.splitlines():
+        m = DECODE_LINE.search(line)
+        if m:
+            running, tokens_per_s = int(m.group(1)), float(m.group(2))
+            if previous == running == batch and tokens_per_s > 0:
+                out.append(1e3 * running / tokens_per_s)
+            previous = running
+        elif PREFILL_LINE.search(line):
+            previous = None
+    return out
+
+
+def unprofiled_steps(path, batch: int, span_bytes=None) -> dict | None:
+    """The unprofiled time of one decode step at `batch` from the server's own decode lines: those of the timed
+    rounds when the capture recorded where they lie in the log (`span_bytes`), else every clean decode line at that
+    batch (warm-up, timing and windows alike: a rougher figure, said so). None without a readable log or lines."""
+    try:
+        path = Path(path)
+        raw = path.read_bytes() if path.stat().st_size <= MAX_BYTES * (4 if path.suffix == ".gz" else 1) else None
+    except OSError:
+        return None
+    if raw is None:
+        return None
+    if path.suffix == ".gz":
+        import gzip
+
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError):
+            return None
+    where = "all of the server's decode lines at this batch (the capture recorded no timing span)"
+    if span_bytes and len(span_bytes) == 2 and all(isinstance(x, int) for x in span_bytes):
+        raw, where = raw[span_bytes[0]:span_bytes[1]], "the unprofiled timing rounds"
+    values = decode_step_ms(raw, int(batch))
+    if not values:
+        return None
+    q25, _q50, q75 = statistics.quantiles(values, n=4, method="inclusive") if len(values) > 1 else values * 3
+    return {"ms_per_step": statistics.median(values), "p25_ms": q25, "p75_ms": q75, "min_ms": min(values),
+            "max_ms": max(values), "lines": len(values), "batch": int(batch), "method": DECODE_STEP_METHOD, "lines_from": where}

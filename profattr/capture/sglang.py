@@ -19,6 +19,7 @@ Checked against SGLang 0.5.16:
 from __future__ import annotations
 
 import json
+import random
 import shlex
 import socket
 import sys
@@ -126,9 +127,48 @@ def port_in_use(host: str, port: int) -> bool:
         return s.connect_ex((host, port)) == 0
 
 
-def prompt_ids(length: int) -> list:
-    """A deterministic prompt of `length` token ids (no tokenizer needed; small ids exist in every vocabulary)."""
-    return [100 + (i * 37) % 1000 for i in range(length)]
+PROMPT_KINDS = ("random", "same")
+PROMPT_ID_RANGE = (100, 10_000)  # token ids that exist in every vocabulary served here (no tokenizer needed)
+
+
+def prompt_ids(length: int, seed: int | None = None) -> list:
+    """`length` token ids. Without a seed, the one fixed prompt of earlier captures; with one, ids drawn uniformly
+    from PROMPT_ID_RANGE by a generator seeded with it (the same seed gives the same prompt)."""
+    if seed is None:
+        return [100 + (i * 37) % 1000 for i in range(length)]
+    rng = random.Random(seed)
+    lo, hi = PROMPT_ID_RANGE
+    return [rng.randrange(lo, hi) for _ in range(length)]
+
+
+class Requests:
+    """The bodies of each round of concurrent requests. `random` (the default): every request of every round gets
+    its own prompt (seeded by the round's and the request's number, so a capture is reproducible), so a batch's
+    sequences route to different experts, as real traffic does; `same`: the one fixed prompt for all, as captures
+    made before this choice existed (all sequences then route alike: the expert GEMMs do not grow with batch)."""
+
+    def __init__(self, kind: str, input_len: int, max_new_tokens: int, seed: int = 0):
+        if kind not in PROMPT_KINDS:
+            raise ValueError(f"prompts {kind!r}: expected one of {', '.join(PROMPT_KINDS)}")
+        self.kind, self.input_len, self.max_new_tokens, self.seed = kind, input_len, max_new_tokens, seed
+        self.rounds = 0
+
+    def bodies(self, batch: int) -> list:
+        """The next round's `batch` bodies."""
+        self.rounds += 1
+        if self.kind == "same":
+            return [generate_body(prompt_ids(self.input_len), self.max_new_tokens)] * batch
+        base = (self.seed * 1_000_003 + self.rounds) * 4096
+        return [generate_body(prompt_ids(self.input_len, base + i), self.max_new_tokens) for i in range(batch)]
+
+    def describe(self) -> dict:
+        """What run.json records of the prompts."""
+        if self.kind == "same":
+            return {"prompts": "same", "prompts_note": "one fixed prompt for every request (prompt_ids without seed)"}
+        return {"prompts": "random", "prompt_seed": self.seed, "prompt_id_range": list(PROMPT_ID_RANGE),
+                "prompts_note": ("distinct random token ids per request and round: request i of round r is seeded "
+                                 "with (seed * 1000003 + r) * 4096 + i, rounds counted from 1 over warm-up, timing "
+                                 "and windows in order")}
 
 
 def generate_body(input_ids: Sequence[int], max_new_tokens: int, stream: bool = True) -> dict:
@@ -281,16 +321,18 @@ class ServerTimeout(Exception):
         self.elapsed_s = elapsed_s
 
 
-def run_concurrent(client: Client, body: dict, batch: int, after_first_token=None) -> list:
-    """`batch` streaming generates at once (one thread each); returns their StreamResults. `after_first_token()`
-    runs in the caller's thread once every stream has its first token (all prefills done), while they decode."""
+def run_concurrent(client: Client, bodies: Sequence[dict], after_first_token=None) -> list:
+    """One streaming generate per body, all at once (one thread each); returns their StreamResults.
+    `after_first_token()` runs in the caller's thread once every stream has its first token (all prefills done),
+    while they decode."""
+    batch = len(bodies)
     results: list = [None] * batch
     errors: list = []
     firsts = [threading.Event() for _ in range(batch)]
 
     def one(i: int) -> None:
         try:
-            results[i] = client.generate_stream(body, first_token=firsts[i])
+            results[i] = client.generate_stream(bodies[i], first_token=firsts[i])
         except Exception as exc:  # re-raised in the caller's thread
             errors.append(exc)
             firsts[i].set()

@@ -161,3 +161,20 @@ def check_twin(budget, twin_budget, twin_path: str | None) -> Finding:
         text += f": more than {TWIN_TOLERANCE:.0%} apart; one of the two lost records or ran other work"
     return Finding("twin", status, text, {"devices": rows})
 
+
+
+GRAPH_TRACING_WARN_US = 50.0  # per-node tracing adding more than this to each graph launch is worth a warning
+
+
+def check_graph_tracing(mine: dict | None, twin: dict, twin_path: str) -> Finding:
+    """This capture (graphs traced per node) against a graph-level twin: the launch cost per-node tracing adds,
+    and whether the GPU's wait before replays survives without it (attribute/graph_launch.py)."""
+    from profattr.attribute.graph_launch import describe, tracing_cost
+
+    cost = tracing_cost(mine, twin)
+    if cost is None:
+        how = (mine or {}).get("tracing")
+        return Finding("graph_tracing", SKIP, f"{twin_path} is a graph-level twin, but this capture's graphs are "
+                       f"{'not traced per node' if how else 'not launched'}: nothing to set against it")
+    status = WARN if cost["call_us_added"] > GRAPH_TRACING_WARN_US or cost.get("confirmed") is False else PASS
+    return Finding("graph_tracing", status, describe(cost), dict(cost, twin=twin_path))

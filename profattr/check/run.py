@@ -64,11 +64,24 @@ def evaluate(path, run: dict | None = None, twin=None) -> tuple:
             findings.append(timing.check_steps(run, budget, why_not, facts.devices))
         findings.append(recording.check_nvtx(run, facts))
     if twin is not None:
-        from profattr.attribute.budget import compute_budget
-
-        findings.append(completeness.check_twin(budget, compute_budget(twin), str(twin)) if budget is not None
-                        else completeness.check_twin(None, None, str(twin)))
+        findings.append(_twin_finding(path, budget, twin))
     return findings, budget
+
+
+def _twin_finding(path, budget, twin):
+    """Against a twin of the same decode: kernels per step (an eager or torch-profiler twin), or, for a twin
+    traced at graph level (nsys --cuda-graph-trace=graph), what per-node graph tracing costs each launch."""
+    from profattr.attribute.budget import compute_budget
+    from profattr.attribute.graph_launch import launch_costs
+
+    with open_trace(twin) as source:
+        twin_costs = launch_costs(source)
+    if twin_costs is not None and twin_costs["tracing"] == "graph":
+        with open_trace(path) as source:
+            mine = launch_costs(source)
+        return completeness.check_graph_tracing(mine, twin_costs, str(twin))
+    return (completeness.check_twin(budget, compute_budget(twin), str(twin)) if budget is not None
+            else completeness.check_twin(None, None, str(twin)))
 
 
 def run_checks(path, run: dict | None = None) -> list:
@@ -101,4 +114,14 @@ def fresh_server_log(cap: Capture) -> dict | None:
     from profattr.capture import serverlog
 
     evidence = serverlog.read_log(path)
-    return dict(run, server_log=serverlog.for_window(evidence, run.get("window") or {})) if evidence else run
+    if not evidence:
+        return run
+    run = dict(run, server_log=serverlog.for_window(evidence, run.get("window") or {}))
+    timing = run.get("timing") if isinstance(run.get("timing"), dict) else {}
+    batch = (run.get("requests") or {}).get("batch") if isinstance(run.get("requests"), dict) else None
+    if "unprofiled_step" not in timing and isinstance(batch, int) and batch > 0:
+        # a capture made before the timing rounds' span was recorded: every clean decode line at its batch
+        steps = serverlog.unprofiled_steps(path, batch, timing.get("log_span_bytes"))
+        if steps is not None:
+            run["timing"] = dict(timing, unprofiled_step=steps)
+    return run

@@ -19,6 +19,8 @@ OUTLIER_FAIL_SHARE = 0.01
 # profiled / unprofiled ms per token
 OVERHEAD_WARN = 1.3
 OVERHEAD_FAIL = 3.0
+# profiled and unprofiled steps agree within their noise, and at least this share of the step
+STEP_AGREE_SHARE = 0.02
 # steps that drift cost more than this share of the step time: the budget's means are off
 DRIFT_FAIL_SHARE = 0.05
 
@@ -175,9 +177,54 @@ def _client_profiled(run: dict | None):
     return value
 
 
+def _step_spread_ms(budget, device: int) -> float:
+    """Half the interquartile range of a device's step spans (ms): the capture's own step-to-step noise."""
+    spans = budget.per_step.loc[budget.per_step["device"] == device, "span_ns"].to_numpy(dtype=float)
+    if len(spans) < 2:
+        return 0.0
+    q25, q75 = np.percentile(spans, [25, 75])
+    return float(q75 - q25) / 2e6
+
+
+def check_step_overhead(run: dict, budget, measured: dict) -> Finding:
+    """Profiled against unprofiled as the same quantity: the capture's median step against the server's own
+    unprofiled decode step at the window's batch (timing.unprofiled_step). They disagree when they differ by more
+    than their noise (half the interquartile range of each, and at least STEP_AGREE_SHARE of the step): a profiled
+    step shorter than the unprofiled one means the capture's steps leave out part of what decode takes (host time
+    between steps, say), and a longer one is the profiler's cost."""
+    step = get(run, "timing", "unprofiled_step")
+    unprof = float(step["ms_per_step"])
+    prof = measured["ms_per_token_profiled"]
+    slowest = max(measured["profiled_per_device"], key=lambda d: d["step_ms"])["device"]
+    noise = max(STEP_AGREE_SHARE * unprof,
+                (float(step.get("p75_ms", unprof)) - float(step.get("p25_ms", unprof))) / 2
+                + _step_spread_ms(budget, slowest))
+    ratio = prof / unprof
+    data = {"ms_per_step_unprofiled": unprof, "ms_per_step_profiled": prof, "ratio": ratio, "noise_ms": noise,
+            "unprofiled_source": f"{step.get('method', 'server log')}; {step.get('lines', '?')} lines from "
+                                 f"{step.get('lines_from', 'the log')}",
+            "profiled_source": measured["profiled_source"], "profiled_per_device": measured["profiled_per_device"],
+            "ms_per_token_unprofiled_client": get(run, "timing", "ms_per_token_unprofiled")}
+    text = (f"median step {prof:.3f} ms under the profiler vs {unprof:.3f} ms per unprofiled decode step at batch "
+            f"{step.get('batch', '?')} from the server's decode lines ({ratio:.2f}x; noise +/-{noise:.3f} ms)")
+    if prof < unprof - noise:
+        return Finding("overhead", FAIL, f"{text}: the capture's steps are shorter than decode steps without the "
+                       "profiler, so they leave out part of a step (host work between steps, outside every step's "
+                       "GPU span); absolute ms/step understate decode", data)
+    if prof <= unprof + noise:
+        return Finding("overhead", PASS, f"{text}: they agree", data)
+    if ratio <= OVERHEAD_WARN:
+        return Finding("overhead", WARN, f"{text}: the profiler costs {prof - unprof:.3f} ms/step; compare shares "
+                       "of the step, not absolute ms", data)
+    return Finding("overhead", FAIL, f"{text}: the profiler changes the step beyond its noise; absolute times are "
+                   "not representative (fewer traced APIs, or --cuda-graph-trace=node overhead)", data)
+
+
 def check_overhead(run: dict | None, budget=None) -> Finding:
     unprof = get(run, "timing", "ms_per_token_unprofiled")
     measured = profiled_timing(budget)
+    if measured and get(run, "timing", "unprofiled_step", "ms_per_step"):
+        return check_step_overhead(run, budget, measured)
     client = _client_profiled(run)
     if measured:
         prof, source = measured["ms_per_token_profiled"], "median step span in the capture"

@@ -10,7 +10,7 @@ import pandas as pd
 from profattr.attribute.budget import SCHEMA as BUDGET_SCHEMA
 from profattr.attribute.diff import BOOTSTRAP_SAMPLES, Side, compute_diff
 from profattr.errors import ProfattrError
-from profattr.ledger.schema import TABLES
+from profattr.ledger.schema import TABLES, has_columns
 
 JSON_COLUMNS = ("rules_files", "nvtx_placement", "comm_summary", "export_gpus", "backend_json", "server_resolved",
                 "server_args")
@@ -59,10 +59,15 @@ def _by_device(rows) -> dict:
 def budget_dict(db, entry: dict) -> dict:
     """The entry's budget as `profattr budget --format json` gave it when added (without per-layer rows)."""
     eid = entry["id"]
-    cats = _by_device(db.query("SELECT device, category, ms_per_step, count_per_step FROM categories "
+    extra = (", exclusive_ms_per_step, overlapped_ms_per_step"
+             if has_columns(db, "categories", ("exclusive_ms_per_step", "overlapped_ms_per_step")) else "")
+    cats = _by_device(db.query(f"SELECT device, category, ms_per_step, count_per_step{extra} FROM categories "
                                "WHERE entry_id = ? ORDER BY device, position", [eid]))
     kernels = _by_device(db.query("SELECT device, name, demangled, category, family, ms_per_step, count_per_step "
                                   "FROM kernels WHERE entry_id = ? ORDER BY device, position", [eid]))
+    shapes = _shapes_by_kernel(db, eid)
+    short = ({r["device"]: r for r in db.query("SELECT * FROM short_kernels WHERE entry_id = ?", [eid])}
+             if "short_kernels" in db.table_names() else {})
     comm = {r["device"]: r for r in db.query("SELECT * FROM comm WHERE entry_id = ?", [eid])}
     comm_cats = _by_device(db.query("SELECT device, category, collective_ms_per_step, wait_ms_per_step "
                                     "FROM comm_categories WHERE entry_id = ? ORDER BY device, position", [eid]))
@@ -71,9 +76,15 @@ def budget_dict(db, entry: dict) -> dict:
         dev = d["device"]
         out = {k: d[k] for k in ("device", "steps", "step_ms", "mean_step_ms", "busy_ms_per_step", "idle_ms_per_step",
                                  "overlap_ms_per_step", "kernels_per_step", "memops_per_step")}
-        out["categories"] = [_drop_device(c) for c in cats.get(dev, [])]
-        out["kernels"] = [_drop_device(k) for k in kernels.get(dev, [])]
+        out["categories"] = _category_rows(cats.get(dev, []), out["mean_step_ms"])
+        if all("share" in c for c in out["categories"]):
+            out["idle_share"] = out["idle_ms_per_step"] / out["mean_step_ms"] if out["mean_step_ms"] else 0.0
+        out["kernels"] = [{**_drop_device(k), "mean_us": 1e3 * k["ms_per_step"] / k["count_per_step"]
+                           if k["count_per_step"] else 0.0, "shapes": shapes.get((dev, i), [])}
+                          for i, k in enumerate(kernels.get(dev, []))]
         out["unclassified_share"] = d["unclassified_share"]
+        if dev in short:
+            out["short_kernels"] = {k: short[dev][k] for k in ("under_us", "count_per_step", "ms_per_step", "share")}
         out["outside_steps"] = {"ops": d["outside_steps_ops"], "ms": d["outside_steps_ms"]}
         if dev in comm:
             out["comm"] = {k: comm[dev][k] for k in TABLES["comm"][0] if k not in ("entry_id", "device")}
@@ -98,6 +109,39 @@ def budget_dict(db, entry: dict) -> dict:
     return budget
 
 
+def _category_rows(rows: list, mean_step_ms: float) -> list:
+    """Category rows as the budget gives them: with exclusive and overlapped time and the share of the step where
+    the entry recorded them (NULL in entries added before they were stored: then op time only)."""
+    out = []
+    for r in rows:
+        c = _drop_device(r)
+        if c.get("exclusive_ms_per_step") is None or c.get("overlapped_ms_per_step") is None:
+            c.pop("exclusive_ms_per_step", None)
+            c.pop("overlapped_ms_per_step", None)
+        else:
+            c["share"] = c["exclusive_ms_per_step"] / mean_step_ms if mean_step_ms else 0.0
+        out.append(c)
+    return out
+
+
+def _shapes_by_kernel(db, eid: int) -> dict:
+    """(device, kernel position) -> its shapes as the budget lists them (none in ledgers made before shapes)."""
+    if "kernel_shapes" not in db.table_names():
+        return {}
+    out: dict = {}
+    for r in db.query("SELECT * FROM kernel_shapes WHERE entry_id = ? ORDER BY device, kernel_position, position",
+                      [eid]):
+        shape = None if r["grid_x"] is None else {
+            "grid": [r["grid_x"], r["grid_y"], r["grid_z"]], "block": [r["block_x"], r["block_y"], r["block_z"]],
+            "registers_per_thread": r["registers_per_thread"]}
+        if shape is not None and r.get("gemm_n") is not None:  # gemm_m NULL: N and K borrowed, M not known
+            shape["gemm"] = {"m": r["gemm_m"], "n": r["gemm_n"], "k": r["gemm_k"]}
+        out.setdefault((r["device"], r["kernel_position"]), []).append({
+            "shape": shape, "label": r["label"], **{c: r[c] for c in ("ms_per_step", "count_per_step", "mean_us",
+                                                                       "share")}})
+    return out
+
+
 def _drop_device(row: dict) -> dict:
     return {k: v for k, v in row.items() if k != "device"}
 
@@ -118,9 +162,16 @@ def entry_side(db, entry: dict) -> Side:
     per_step = _frame(db, "SELECT device, step, start_ns, end_ns, span_ns, busy_ns, op_ns, kernel_count FROM steps "
                           "WHERE entry_id = ? ORDER BY device, step", eid,
                       ["device", "step", "start_ns", "end_ns", "span_ns", "busy_ns", "op_ns", "kernels"])
-    per_step_category = _frame(db, "SELECT device, step, category, duration_ns, count FROM step_categories "
+    exclusive = has_columns(db, "step_categories", ("exclusive_ns",))
+    per_step_category = _frame(db, "SELECT device, step, category, duration_ns, count"
+                                   f"{', exclusive_ns' if exclusive else ''} FROM step_categories "
                                    "WHERE entry_id = ? ORDER BY device, step, category", eid,
-                               ["device", "step", "category", "ns", "count"])
+                               ["device", "step", "category", "ns", "count"] + (["exclusive_ns"] if exclusive else []))
+    if per_step_category is not None and "exclusive_ns" in per_step_category:
+        if per_step_category["exclusive_ns"].isna().any():  # an entry added before exclusive time was stored
+            per_step_category = per_step_category.drop(columns="exclusive_ns")
+        else:
+            per_step_category["exclusive_ns"] = per_step_category["exclusive_ns"].astype("int64")
     per_step_comm = _frame(db, "SELECT device, step, category, collective_ns, wait_ns FROM step_comm "
                                "WHERE entry_id = ? ORDER BY device, step, category", eid,
                            ["device", "step", "category", "collective_ns", "wait_ns"])

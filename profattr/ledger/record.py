@@ -18,7 +18,8 @@ from profattr import __version__
 from profattr.attribute.budget import SCHEMA as BUDGET_SCHEMA
 from profattr.attribute.budget import Budget, compute_budget
 from profattr.errors import ProfattrError
-from profattr.ledger.schema import TABLES, check_schema, create_ledger, create_tables, open_ledger, transaction
+from profattr.ledger.schema import (TABLES, add_new_columns, check_schema, create_ledger, create_missing_tables,
+                                   create_tables, open_ledger, transaction)
 from profattr.taxonomy.classify import RULES_DIR, load_rules
 from profattr.trace.reader import run_json_path
 
@@ -162,6 +163,8 @@ def _write(db, ledger_path: Path, pending: list, results: list, steps: str, rule
         if "meta" not in db.table_names():
             create_tables(db, now, __version__)
         check_schema(db, ledger_path)
+        add_new_columns(db)
+        create_missing_tables(db)
         for item in pending:
             if _existing(db, item.sha256, steps, taxonomy) is not None:  # added meanwhile by another process
                 raise ProfattrError(f"{item.given}: added to {ledger_path} by another process meanwhile; run the "
@@ -220,6 +223,18 @@ def insert_entry(db, item: Pending, steps: str, rules: Sequence, taxonomy: str, 
     return entry_id, label
 
 
+def _shape_columns(shape: Optional[dict]) -> dict:
+    """kernel_shapes columns of a budget shape (trace/ops.py unpack_shape); NULLs when it was not recorded."""
+    if not shape:
+        return {c: None for c in ("grid_x", "grid_y", "grid_z", "block_x", "block_y", "block_z",
+                                  "registers_per_thread", "gemm_m", "gemm_n", "gemm_k")}
+    gemm = shape.get("gemm") or {}
+    return {"grid_x": shape["grid"][0], "grid_y": shape["grid"][1], "grid_z": shape["grid"][2],
+            "block_x": shape["block"][0], "block_y": shape["block"][1], "block_z": shape["block"][2],
+            "registers_per_thread": shape["registers_per_thread"], "gemm_m": gemm.get("m"), "gemm_n": gemm.get("n"),
+            "gemm_k": gemm.get("k")}
+
+
 def _json(value) -> Optional[str]:
     return None if value is None else json.dumps(value, sort_keys=True)
 
@@ -274,7 +289,8 @@ def _frame_rows(entry_id: int, frame, columns: dict) -> list:
 
 def budget_rows(entry_id: int, b: Budget) -> dict:
     """table -> rows of the budget: per device, its categories, kernels and comm split, and the per-step tables."""
-    out = {t: [] for t in ("devices", "categories", "kernels", "comm", "comm_categories")}
+    out = {t: [] for t in ("devices", "categories", "kernels", "kernel_shapes", "short_kernels", "comm",
+                           "comm_categories")}
     for d in b.devices:
         dev = int(d["device"])
         key = {"entry_id": entry_id, "device": dev}
@@ -286,11 +302,21 @@ def budget_rows(entry_id: int, b: Budget) -> dict:
                                                            "kernels_per_step", "memops_per_step",
                                                            "unclassified_share")}})
         out["categories"] += [{**key, "position": i, "category": c["category"],
-                               "ms_per_step": float(c["ms_per_step"]), "count_per_step": float(c["count_per_step"])}
+                               "ms_per_step": float(c["ms_per_step"]), "count_per_step": float(c["count_per_step"]),
+                               "exclusive_ms_per_step": float(c["exclusive_ms_per_step"]),
+                               "overlapped_ms_per_step": float(c["overlapped_ms_per_step"])}
                               for i, c in enumerate(d["categories"])]
         out["kernels"] += [{**key, "position": i, "name": k["name"], "demangled": k["demangled"],
                             "category": k["category"], "family": k["family"], "ms_per_step": float(k["ms_per_step"]),
                             "count_per_step": float(k["count_per_step"])} for i, k in enumerate(d["kernels"])]
+        out["kernel_shapes"] += [{**key, "kernel_position": i, "position": j, **_shape_columns(s["shape"]),
+                                  "label": s["label"], **{c: float(s[c]) for c in ("ms_per_step", "count_per_step",
+                                                                                  "mean_us", "share")}}
+                                 for i, k in enumerate(d["kernels"]) for j, s in enumerate(k.get("shapes") or [])]
+        short = d.get("short_kernels")
+        if short:
+            out["short_kernels"].append({**key, **{c: float(short[c]) for c in ("under_us", "count_per_step",
+                                                                                "ms_per_step", "share")}})
         comm = d.get("comm")
         if comm:
             out["comm"].append({**key, **{c: float(comm[c]) for c in TABLES["comm"][0] if c not in key}})
@@ -303,7 +329,8 @@ def budget_rows(entry_id: int, b: Budget) -> dict:
                                                       "op_ns": "op_ns", "kernels": "kernel_count"})
     out["step_categories"] = _frame_rows(entry_id, b.per_step_category, {"device": "device", "step": "step",
                                                                          "category": "category", "ns": "duration_ns",
-                                                                         "count": "count"})
+                                                                         "count": "count",
+                                                                         "exclusive_ns": "exclusive_ns"})
     out["step_comm"] = _frame_rows(entry_id, b.per_step_comm, {"device": "device", "step": "step",
                                                                "category": "category", "collective_ns":
                                                                "collective_ns", "wait_ns": "wait_ns"})

@@ -56,12 +56,25 @@ TABLES = {
     }, ("entry_id", "device"), [ENTRY], []),
     "categories": ({
         "entry_id": int, "device": int, "position": int, "category": str, "ms_per_step": float,
-        "count_per_step": float,
+        "count_per_step": float, "exclusive_ms_per_step": float, "overlapped_ms_per_step": float,
     }, ("entry_id", "device", "category"), [ENTRY], [(("category",), False)]),
     "kernels": ({
         "entry_id": int, "device": int, "position": int, "name": str, "demangled": str, "category": str,
         "family": str, "ms_per_step": float, "count_per_step": float,
     }, ("entry_id", "device", "position"), [ENTRY], [(("category",), False), (("name",), False)]),
+    # a kernel row's launch shapes (budget kernels[].shapes), in the budget's order; grid/block/registers NULL when
+    # the capture did not record the shape, gemm_m/n/k NULL when no linear layer's NVTX range named them
+    "kernel_shapes": ({
+        "entry_id": int, "device": int, "kernel_position": int, "position": int, "grid_x": int, "grid_y": int,
+        "grid_z": int, "block_x": int, "block_y": int, "block_z": int, "registers_per_thread": int, "gemm_m": int,
+        "gemm_n": int, "gemm_k": int, "label": str,
+        "ms_per_step": float, "count_per_step": float, "mean_us": float, "share": float,
+    }, ("entry_id", "device", "kernel_position", "position"), [ENTRY], []),
+    # kernels shorter than `under_us` inside the steps (budget devices[].short_kernels)
+    "short_kernels": ({
+        "entry_id": int, "device": int, "under_us": float, "count_per_step": float, "ms_per_step": float,
+        "share": float,
+    }, ("entry_id", "device"), [ENTRY], []),
     "comm": ({
         "entry_id": int, "device": int, "collective_ms_per_step": float, "transfer_ms_per_step": float,
         "wait_ms_per_step": float, "slowest_rank_share": float, "caused_wait_ms_per_step": float,
@@ -78,11 +91,32 @@ TABLES = {
     }, ("entry_id", "device", "step"), [ENTRY], []),
     "step_categories": ({
         "entry_id": int, "device": int, "step": int, "category": str, "duration_ns": int, "count": int,
+        "exclusive_ns": int,
     }, ("entry_id", "device", "step", "category"), [ENTRY], []),
     "step_comm": ({
         "entry_id": int, "device": int, "step": int, "category": str, "collective_ns": int, "wait_ns": int,
     }, ("entry_id", "device", "step", "category"), [ENTRY], []),
 }
+
+
+# columns added to a table after ledgers had been made without them: NULL in their older rows, added to an older
+# ledger's table by its next write (add_new_columns); readers take NULL as "not recorded"
+ADDED_COLUMNS = {"categories": ("exclusive_ms_per_step", "overlapped_ms_per_step"), "step_categories": ("exclusive_ns",)}
+
+
+def add_new_columns(db) -> None:
+    """The ADDED_COLUMNS an older ledger's tables lack (inside the caller's write transaction)."""
+    for table, names in ADDED_COLUMNS.items():
+        have = db[table].columns_dict
+        for name in names:
+            if name not in have:
+                db[table].add_column(name, TABLES[table][0][name])
+
+
+def has_columns(db, table: str, names) -> bool:
+    """Whether the ledger's `table` has all these columns (an older ledger may lack ADDED_COLUMNS)."""
+    have = db[table].columns_dict
+    return all(n in have for n in names)
 
 
 def default_path() -> Path:
@@ -188,10 +222,7 @@ def create_ledger(path):
 
 def create_tables(db, created_utc: str, profattr_version: str) -> None:
     """Every table and index of the schema, and the meta rows (schema version, when, by which profattr)."""
-    for name, (columns, pk, foreign_keys, indexes) in TABLES.items():
-        db[name].create(columns, pk=pk, foreign_keys=foreign_keys)
-        for cols, unique in indexes:
-            db[name].create_index(list(cols), unique=unique)
+    create_missing_tables(db)
     db["meta"].insert_all([{"key": "schema", "value": SCHEMA}, {"key": "created_utc", "value": created_utc},
                            {"key": "created_by", "value": f"profattr {profattr_version}"}])
 
@@ -214,3 +245,15 @@ def transaction(db, path):
     conn.held = False
     with sqlite_errors(path):
         conn.commit()
+
+
+def create_missing_tables(db) -> None:
+    """The schema's tables (and their indexes) that `db` lacks: a ledger made before a table was added gets it on
+    its next write; its older entries have no rows there."""
+    have = set(db.table_names())
+    for name, (columns, pk, foreign_keys, indexes) in TABLES.items():
+        if name in have:
+            continue
+        db[name].create(columns, pk=pk, foreign_keys=foreign_keys)
+        for cols, unique in indexes:
+            db[name].create_index(list(cols), unique=unique)

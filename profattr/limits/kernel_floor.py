@@ -66,3 +66,55 @@ def category_floor(category: str, rows: Dict[str, Dict[str, float]]) -> Optional
     what = f"the {precision} weights of {row}" if precision else f"the weights of {row}"
     return {"bytes_per_step": total, "row": row, "precision": precision,
             "assumption": f"{what} ({total / 1e6:.1f} MB per step), read once per step"}
+
+
+LOGITS_SHAPE_RULE = ("the logits projection (lm_head) is the GEMM launch shape run exactly once per step with the "
+                     "longest mean duration of all GEMM shapes (SGLang runs it once per decode step, after the last "
+                     "layer, over the whole vocabulary)")
+
+
+def logits_shape(device: dict) -> Optional[Dict[str, Any]]:
+    """The budget device's shape row that is the logits projection (LOGITS_SHAPE_RULE), with its kernel's name and
+    the name's other shapes; None when no GEMM shape runs once per step."""
+    best = None
+    for k in device.get("kernels") or []:
+        if not str(k.get("category", "")).startswith("gemm"):
+            continue
+        for s in k.get("shapes") or []:
+            once = abs(s["count_per_step"] - 1.0) < 1e-9
+            if once and s.get("shape") and (best is None or s["mean_us"] > best[1]["mean_us"]):
+                best = (k, s)
+    if best is None:
+        return None
+    k, s = best
+    others = [o for o in k["shapes"] if o is not s]
+    longest_other = max((o["mean_us"] for k2 in device["kernels"] if str(k2["category"]).startswith("gemm")
+                         for o in k2.get("shapes") or [] if o is not s), default=0.0)
+    if longest_other >= s["mean_us"]:
+        return None  # a GEMM run more often takes as long: nothing sets the logits projection apart
+    return {"name": k["name"], "category": k["category"], "label": s["label"], "shape": s["shape"],
+            "ms_per_step": s["ms_per_step"], "mean_us": s["mean_us"], "other_shapes": len(others),
+            "other_shapes_count_per_step": sum(o["count_per_step"] for o in others),
+            "other_shapes_mean_us": (1e3 * sum(o["ms_per_step"] for o in others)
+                                     / sum(o["count_per_step"] for o in others)) if others else None,
+            "name_mean_us": k.get("mean_us")}
+
+
+def lm_head_rows(budget: dict, spec: ModelSpec, bandwidth_bytes_per_s: float) -> Dict[int, Dict[str, Any]]:
+    """device -> the logits projection's own efficiency: its weight bytes per step (the model's lm_head, one rank's
+    share) at the GPU's DRAM bandwidth against its measured time. Devices whose logits shape is not found, or whose
+    measured time is under that floor (then it is not the lm_head), get none."""
+    nbytes = sum(g.rank_bytes_per_token(spec.tp, ideal=False) for g in spec.groups if g.weight_class == "lm_head")
+    out: Dict[int, Dict[str, Any]] = {}
+    if nbytes <= 0 or bandwidth_bytes_per_s <= 0:
+        return out
+    floor_ms = nbytes / bandwidth_bytes_per_s * 1e3
+    for d in budget.get("devices") or []:
+        row = logits_shape(d)
+        if row is None or row["ms_per_step"] < floor_ms:
+            continue
+        out[d["device"]] = {**row, "weight_bytes": nbytes, "floor_ms": floor_ms,
+                            "bandwidth_bytes_per_s": bandwidth_bytes_per_s,
+                            "achieved_bytes_per_s": nbytes / (row["ms_per_step"] * 1e-3),
+                            "efficiency_pct": 100.0 * floor_ms / row["ms_per_step"], "rule": LOGITS_SHAPE_RULE}
+    return out

@@ -6,7 +6,9 @@ numbers (no fixed sentence that the numbers could contradict: every claim below 
   `gap` (`profattr.gap/1` or None) and optionally `why_slow` ({category: sentence from an ncu drill}) and
   `server_log` (run.json's server_log: the kernel configs SGLang fell back to its defaults for) and `timing`
   (run.json's timing: profiled vs unprofiled time per token);
-- diffs: dicts with `a` and `b` (labels) and `diff` (`profattr.diff/1`).
+- diffs: dicts with `a` and `b` (labels) and `diff` (`profattr.diff/1`); only those whose verdict is a regression
+  or improvement rank (a diff over fewer than 3 windows per side, or between confounded runs, establishes no
+  difference: the captures' own budgets rank instead).
 It returns dicts {rank, capture, device, kind, ms_per_step, share_of_step, title, reason, also}, largest first: one
 entry per category (or idle) across captures, taken from the capture where it costs most, with `also` listing the
 other captures where the same category is a bottleneck. Strings are raw (the renderer escapes them).
@@ -17,6 +19,10 @@ import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Sequence
+
+from profattr.attribute.graph_launch import describe as describe_tracing
+from profattr.report.budget_view import category_share, exclusive_ms
+from profattr.report.shapes import shape_rows
 
 try:  # Python 3.11+
     import tomllib as _toml
@@ -74,7 +80,7 @@ def idle_reason(s: dict) -> str | None:
         return (f"{replay}, yet {eager_idle:.3f} ms/step of idle precedes the {s['eager_ops_per_step']:.1f} ops "
                 f"launched outside the graph (largest gap {s['largest_gap_us']:.0f} µs/step) and only "
                 f"{graph_idle:.3f} ms falls inside the replay: the GPU waits on host work between replays; overlap "
-                "or shorten it, or move those ops into the graph")
+                "or shorten it, or move those ops into the graph" + _tracing_clause(s))
     before = s.get("idle_before_replay_ms") or 0.0
     if before >= 0.5 * idle:
         return _replay_start_reason(s, replay, before)
@@ -98,10 +104,23 @@ def _replay_start_reason(s: dict, replay: str, before: float) -> str:
              f"first node{call_text})")
     if late >= call_part:
         return text + (": the host is behind the GPU (CPU-bound between replays): shorten the host work of a step "
-                       "(scheduling, metadata, sampling), overlap it with the GPU's work, or run more per step")
+                       "(scheduling, metadata, sampling), overlap it with the GPU's work, or run more per step"
+                       + _tracing_clause(s))
     return text + (": the graph launch holds the GPU back: a launch of many nodes costs host time before its first "
-                   "node runs (it can cost more under nsys's node-level graph tracing than unprofiled); compare "
-                   "with the unprofiled timing, and fewer nodes or fewer launches per step would help")
+                   "node runs; fewer nodes or fewer launches per step would help" + _tracing_clause(s))
+
+
+def _tracing_clause(s: dict) -> str:
+    """Whether the wait before replays holds without per-node graph tracing (a graph-level twin says so), or that
+    nothing checked it."""
+    info = s.get("graph_tracing") or {}
+    if info.get("tracing") != "node":
+        return ""
+    cost = info.get("cost")
+    if not cost:
+        return ("; measured under per-node graph tracing, which lengthens every cudaGraphLaunch, and not checked "
+                "against a twin without it (`profattr capture --cuda-graph-trace graph`, then `report --graph-twin`)")
+    return "; " + describe_tracing(cost)
 
 
 def category_reason(device: dict, category: str, gap_device: dict | None = None) -> str:
@@ -109,13 +128,17 @@ def category_reason(device: dict, category: str, gap_device: dict | None = None)
     kernels = [k for k in device["kernels"] if k["category"] == category]
     if not kernels:
         return "no kernels"
-    top = kernels[0]
+    # the category's longest launch shape speaks for it: a per-name mean over shapes (an lm_head among small GEMMs
+    # of the same kernel) describes none of its launches
+    shapes = shape_rows({"kernels": kernels})
+    top = shapes[0]
     mean_ms = top["ms_per_step"] / top["count_per_step"] if top["count_per_step"] else 0.0
-    text = f"{_short(top['name'])} ×{top['count_per_step']:.0f}/step at {_us(mean_ms)} each"
-    rest = kernels[1:]
+    label = f" ({top['label']})" if top["label"] and top["shapes_of_name"] > 1 else ""
+    text = f"{_short(top['name'])}{label} ×{top['count_per_step']:.0f}/step at {_us(mean_ms)} each"
+    rest = shapes[1:]
     if rest:
-        text += (f", plus {len(rest)} other kernel{'s' if len(rest) > 1 else ''} "
-                 f"({sum(k['ms_per_step'] for k in rest):.3f} ms)")
+        text += (f", plus {len(rest)} other kernel launch shape{'s' if len(rest) > 1 else ''} "
+                 f"({sum(r['ms_per_step'] for r in rest):.3f} ms)")
     count = sum(k["count_per_step"] for k in kernels)
     total = sum(k["ms_per_step"] for k in kernels)
     if count >= MANY_KERNELS and count and 1e3 * total / count <= SHORT_KERNEL_US:
@@ -191,7 +214,7 @@ def capture_items(cap: dict) -> list:
                 items.append(_item(cap["label"], d["device"], "idle", d["idle_ms_per_step"], step,
                                    f"idle {_pct(s['idle_share'])} of the step", reason, key="idle"))
         for c in d["categories"]:
-            share = c["ms_per_step"] / step
+            share = category_share(c, d)  # its exclusive time: what the step pays for it, as the budget says
             if share < CATEGORY_MIN_SHARE:
                 continue
             if c["category"] == "unclassified":
@@ -207,17 +230,30 @@ def capture_items(cap: dict) -> list:
                 reason += f"; {tuned}"
             if why:
                 reason += f"; {why}"
-            items.append(_item(cap["label"], d["device"], "category", c["ms_per_step"], step,
+            items.append(_item(cap["label"], d["device"], "category", exclusive_ms(c), step,
                                f"{c['category']} {_pct(share)} of the step", reason, key=c["category"]))
             items[-1]["why"] = why
     return items
 
 
+UNRANKED_VERDICTS = ("within noise", "not comparable")
+
+
+def ranks_diff(diff: dict) -> bool:
+    """Whether a diff may rank: its verdict is a regression or improvement, i.e. its intervals cover window
+    variance and the runs differ only in what the comparison changes (a diff without a verdict: by its
+    intervals alone)."""
+    return diff.get("verdict") not in UNRANKED_VERDICTS
+
+
 def diff_items(entry: dict) -> list:
-    """One candidate per device of a diff: what explains B - A, when the change is beyond noise.
+    """One candidate per device of a diff: what explains B - A, when the change is beyond noise and the comparison
+    establishes it (ranks_diff).
 
     `entry` may carry `a_modes` / `b_modes` ({device: launch mode}) to say when the launch mode changed too."""
     items = []
+    if not ranks_diff(entry["diff"]):
+        return items
     a, b = entry["a"], entry["b"]
     for d in entry["diff"]["devices"]:
         s = d["step_ms"]
@@ -281,7 +317,7 @@ def kernel_idle_sentence(parts: dict, delta: float, a: str, b: str) -> str | Non
 
 
 def split_delta(d: dict) -> dict:
-    """A diff device's step delta as kernel time (categories minus overlap), collective wait (ranks waiting for
+    """A diff device's step delta as kernel time (categories' exclusive time), collective wait (ranks waiting for
     each other inside collectives), idle, and median-vs-mean drift; the four add up to the step delta."""
     out = {"kernel": 0.0, "comm_wait": 0.0, "idle": 0.0, "variability": 0.0}
     for c in d["components"]:

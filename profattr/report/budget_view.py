@@ -7,6 +7,7 @@ import io
 
 from profattr.attribute.precision import describe as precision_text
 from profattr.report.escape import md_escape
+from profattr.report.shapes import short_kernel_line, shape_rows
 from profattr.text import clean_tree
 
 TOP_KERNELS = 15
@@ -22,6 +23,29 @@ OUTSIDE_LAYERS = "outside layers"
 def layer_name(label) -> str:
     """Display name of a layer row's label (None: the ops outside every layer range)."""
     return OUTSIDE_LAYERS if label is None else f"layer {label}"
+
+
+def exclusive_ms(c: dict) -> float:
+    """A category row's exclusive ms per step (a budget from before exclusive time: its op time)."""
+    return c.get("exclusive_ms_per_step", c["ms_per_step"])
+
+
+def overlapped_ms(c: dict) -> float:
+    return c.get("overlapped_ms_per_step", 0.0)
+
+
+def category_share(c: dict, d: dict) -> float:
+    """A category's share of the device's mean step: its exclusive time over the mean step, as the budget computed
+    it (`share`); so the categories' shares and idle's add up to 100 %."""
+    if "share" in c:
+        return c["share"]
+    return exclusive_ms(c) / d["mean_step_ms"] if d["mean_step_ms"] else 0.0
+
+
+def idle_share(d: dict) -> float:
+    if "idle_share" in d:
+        return d["idle_share"]
+    return d["idle_ms_per_step"] / d["mean_step_ms"] if d["mean_step_ms"] else 0.0
 
 
 def _top_categories(layer: dict, n: int = 3) -> str:
@@ -71,12 +95,15 @@ def render_table(budget: dict, top: int = TOP_KERNELS) -> str:
                      f"{d['kernels_per_step']:.1f} kernels/step")
         coverage = 100.0 * (1.0 - d["unclassified_share"])
         lines.append(f"  classified: {coverage:.1f}% of GPU time")
-        lines.append(f"  {'category':<24}{'ms/step':>10}{'count/step':>12}{'share':>8}")
-        total = sum(c["ms_per_step"] for c in d["categories"]) or 1.0
+        lines.append(f"  {'category':<24}{'exclusive':>10}{'share':>8}{'overlapped':>11}{'op ms':>10}"
+                     f"{'count/step':>12}")
         for c in d["categories"]:
-            lines.append(f"  {c['category']:<24}{_fmt_ms(c['ms_per_step']):>10}{c['count_per_step']:>12.2f}"
-                         f"{100.0 * c['ms_per_step'] / total:>7.1f}%")
-        lines.append(f"  {'idle (inside steps)':<24}{_fmt_ms(d['idle_ms_per_step']):>10}")
+            lines.append(f"  {c['category']:<24}{_fmt_ms(exclusive_ms(c)):>10}{100.0 * category_share(c, d):>7.1f}%"
+                         f"{_fmt_ms(overlapped_ms(c)):>11}{_fmt_ms(c['ms_per_step']):>10}{c['count_per_step']:>12.2f}")
+        lines.append(f"  {'idle (inside steps)':<24}{_fmt_ms(d['idle_ms_per_step']):>10}{100.0 * idle_share(d):>7.1f}%")
+        lines.append(f"  {'mean step':<24}{_fmt_ms(d['mean_step_ms']):>10}{100.0:>7.1f}%  (exclusive: busy time "
+                     "shared among the categories running at once; overlapped: the rest of their op time)")
+        total = d["mean_step_ms"] or 1.0
         if d.get("gemm_precision"):
             lines.append("  GEMMs by weight precision and how the math ran:")
             for r in d["gemm_precision"]:
@@ -90,10 +117,13 @@ def render_table(budget: dict, top: int = TOP_KERNELS) -> str:
                 lines.append(f"  {layer_name(layer['layer']):<24}{_fmt_ms(layer['ms_per_step']):>10}"
                              f"{layer['count_per_step']:>12.2f}{100.0 * layer['ms_per_step'] / total:>7.1f}%  "
                              f"{_short(_top_categories(layer), 70)}")
-        lines.append("  top kernels:")
-        for k in d["kernels"][:top]:
-            lines.append(f"  {_fmt_ms(k['ms_per_step']):>10} ms {k['count_per_step']:>7.2f}x  "
-                         f"{k['category']:<20} {_short(k['name'])}")
+        lines.append("  top kernels (per launch shape):")
+        for k in shape_rows(d)[:top]:
+            lines.append(f"  {_fmt_ms(k['ms_per_step']):>10} ms {k['count_per_step']:>7.2f}x {k['mean_us']:>8.1f} us  "
+                         f"{k['category']:<20} {_short(k['name'], 60)}{'  ' + k['label'] if k['label'] else ''}")
+        short = short_kernel_line(d)
+        if short:
+            lines.append(f"  {short}")
         uncl = [k for k in d["kernels"] if k["category"] == "unclassified"][:5]
         if uncl:
             lines.append("  top unclassified (add a rule with --rules FILE):")
@@ -105,6 +135,19 @@ def render_table(budget: dict, top: int = TOP_KERNELS) -> str:
     return "\n".join(lines)
 
 
+def category_table_md(d: dict) -> list:
+    """The markdown table of a device's categories: exclusive ms and share of the mean step (adding up, with idle,
+    to the mean step and 100 %), overlapped ms (run alongside other categories), op time and count."""
+    out = ["| category | exclusive ms/step | share of step | overlapped ms/step | op ms/step | count/step |",
+           "|---|---:|---:|---:|---:|---:|"]
+    for c in d["categories"]:
+        out.append(f"| {md_escape(c['category'])} | {exclusive_ms(c):.3f} | {100.0 * category_share(c, d):.1f}% | "
+                   f"{overlapped_ms(c):.3f} | {c['ms_per_step']:.3f} | {c['count_per_step']:.2f} |")
+    out.append(f"| idle (inside steps) | {d['idle_ms_per_step']:.3f} | {100.0 * idle_share(d):.1f}% | | | |")
+    out.append(f"| **mean step** | **{d['mean_step_ms']:.3f}** | 100.0% | {d['overlap_ms_per_step']:.3f} | | |")
+    return out
+
+
 def _short(name: str, width: int = 90) -> str:
     return name if len(name) <= width else name[: width - 1] + "…"
 
@@ -113,15 +156,24 @@ def render_csv(budget: dict) -> str:
     budget = clean_tree(budget)
     buf = io.StringIO()
     w = csv.writer(buf)
-    w.writerow(["device", "row", "category", "name", "ms_per_step", "count_per_step"])
+    w.writerow(["device", "row", "category", "name", "ms_per_step", "count_per_step", "exclusive_ms_per_step",
+                "overlapped_ms_per_step", "share"])
     for d in budget["devices"]:
         w.writerow([d["device"], "step", "", "", d["step_ms"], ""])
         w.writerow([d["device"], "busy", "", "", d["busy_ms_per_step"], ""])
-        w.writerow([d["device"], "idle", "", "", d["idle_ms_per_step"], ""])
+        w.writerow([d["device"], "idle", "", "", d["idle_ms_per_step"], "", "", "", idle_share(d)])
         for c in d["categories"]:
-            w.writerow([d["device"], "category", c["category"], "", c["ms_per_step"], c["count_per_step"]])
+            w.writerow([d["device"], "category", c["category"], "", c["ms_per_step"], c["count_per_step"],
+                        exclusive_ms(c), overlapped_ms(c), category_share(c, d)])
         for k in d["kernels"]:
             w.writerow([d["device"], "kernel", k["category"], k["demangled"], k["ms_per_step"], k["count_per_step"]])
+            for sh in k.get("shapes") or []:  # its launch shapes, after it (they sum to it)
+                w.writerow([d["device"], "kernel_shape", k["category"], f"{k['demangled']} [{sh['label']}]",
+                            sh["ms_per_step"], sh["count_per_step"]])
+        short = d.get("short_kernels")
+        if short:
+            w.writerow([d["device"], "short_kernels", "", f"under {short['under_us']:g} us", short["ms_per_step"],
+                        short["count_per_step"]])
         for layer in d.get("layers") or []:
             name = layer_name(layer["layer"])
             w.writerow([d["device"], "layer", "", name, layer["ms_per_step"], layer["count_per_step"]])
@@ -150,15 +202,7 @@ def render_markdown(budget: dict, top: int = TOP_KERNELS) -> str:
         out.append(f"### GPU {d['device']}: {d['step_ms']:.3f} ms/step (median), "
                    f"{d['kernels_per_step']:.1f} kernels/step")
         out.append("")
-        out.append("| category | ms/step | count/step | share of step |")
-        out.append("|---|---:|---:|---:|")
-        for c in d["categories"]:
-            out.append(f"| {md_escape(c['category'])} | {c['ms_per_step']:.3f} | {c['count_per_step']:.2f} | "
-                       f"{100.0 * c['ms_per_step'] / max(d['mean_step_ms'], 1e-12):.1f}% |")
-        out.append(f"| idle (inside steps) | {d['idle_ms_per_step']:.3f} | | "
-                   f"{100.0 * d['idle_ms_per_step'] / max(d['mean_step_ms'], 1e-12):.1f}% |")
-        if d["overlap_ms_per_step"] > 1e-6:
-            out.append(f"| overlap (streams at once, subtracted) | -{d['overlap_ms_per_step']:.3f} | | |")
+        out.extend(category_table_md(d))
         if d.get("comm"):
             out.append("")
             out.append(md_escape(_comm_line(d["comm"])[0].upper() + _comm_line(d["comm"])[1:]) + ".")
@@ -173,11 +217,15 @@ def render_markdown(budget: dict, top: int = TOP_KERNELS) -> str:
                            f"{md_escape(_top_categories(layer))} |")
         out.extend(precision_markdown(d))
         out.append("")
-        out.append("| kernel | category | ms/step | count/step |")
-        out.append("|---|---|---:|---:|")
-        for k in d["kernels"][:top]:
-            out.append(f"| {md_escape(_short(k['name'], 80))} | {md_escape(k['category'])} | "
-                       f"{k['ms_per_step']:.3f} | {k['count_per_step']:.2f} |")
+        out.append("| kernel | launch shape | category | ms/step | count/step | µs per call |")
+        out.append("|---|---|---|---:|---:|---:|")
+        for k in shape_rows(d)[:top]:
+            out.append(f"| {md_escape(_short(k['name'], 80))} | {md_escape(k['label'])} | {md_escape(k['category'])} | "
+                       f"{k['ms_per_step']:.3f} | {k['count_per_step']:.2f} | {k['mean_us']:.1f} |")
+        short = short_kernel_line(d)
+        if short:
+            out.append("")
+            out.append(md_escape(short[0].upper() + short[1:]) + ".")
         out.append("")
         out.append(f"Classified: {100.0 * (1 - d['unclassified_share']):.1f}% of GPU time.")
     return "\n".join(out)

@@ -3,7 +3,8 @@ as the table behind it.
 
 Input: the plain list `ledger.query.campaign` returns ({"id", "label", "ms_per_token", "budget"} per entry, the
 budget a `profattr.budget/1` dict). One bar per entry and GPU; the same categories as the chart's are the table's
-columns, so every bar can be read off the table: categories + other + idle - overlap = mean step.
+columns, so every bar can be read off the table: categories' exclusive time + other + idle = mean step (an entry
+recorded before exclusive time was stored stacks op time, taller than the step by its overlap).
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Sequence
 
 from profattr.errors import ProfattrError
+from profattr.report.budget_view import exclusive_ms
 from profattr.report.charts import (IDLE_COLOR, OTHER_COLOR, PALETTE, _label_bars, _plt, _save, bar_label,
                                     chosen_categories, mark_mean_steps, safe_label)
 from profattr.report.escape import md_escape
@@ -23,15 +25,16 @@ IDLE = "idle"
 
 
 def campaign_rows(entries: Sequence[dict]) -> tuple:
-    """(chosen categories, rows): one row per entry and GPU with its bar label, step times, ms/step of each chosen
-    category, of the other categories together, idle and overlap."""
+    """(chosen categories, rows): one row per entry and GPU with its bar label, step times, exclusive ms/step of each
+    chosen category, of the other categories together, idle, and overlap (the categories' overlapped time, in no
+    bar)."""
     device_budgets = [d for e in entries for d in e["budget"]["devices"]]
     cats = chosen_categories(device_budgets, MAX_CATEGORIES)
     rows = []
     for e in entries:
         devices = e["budget"]["devices"]
         for d in devices:
-            by_cat = {c["category"]: c["ms_per_step"] for c in d["categories"]}
+            by_cat = {c["category"]: exclusive_ms(c) for c in d["categories"]}
             rows.append({"id": e["id"], "label": e["label"], "device": d["device"], "n_devices": len(devices),
                          "ms_per_token": e.get("ms_per_token"), "step_ms": d["step_ms"],
                          "mean_step_ms": d["mean_step_ms"], "categories": {c: by_cat.get(c, 0.0) for c in cats},
@@ -45,9 +48,8 @@ def _bar_name(row: dict) -> str:
 
 
 def write_campaign_chart(entries: Sequence[dict], path) -> Path:
-    """Stacked bars, one per entry (and GPU): ms per step by category, the other categories, idle on top; a black
-    line at the mean step (the stack less the overlap of two streams), written above the bar; each bar named
-    under it."""
+    """Stacked bars, one per entry (and GPU): exclusive ms per step by category, the other categories, idle on top;
+    a black line at the mean step (the top of the stack), written above the bar; each bar named under it."""
     plt = _plt()
     cats, rows = campaign_rows(entries)
     series = [(c, PALETTE[i % len(PALETTE)], [r["categories"][c] for r in rows]) for i, c in enumerate(cats)]
@@ -62,7 +64,7 @@ def write_campaign_chart(entries: Sequence[dict], path) -> Path:
         bottom = [b + v for b, v in zip(bottom, values)]
     mark_mean_steps(ax, bottom, [r["mean_step_ms"] for r in rows])
     _label_bars([ax], x, [bar_label(_bar_name(r), r["device"], r["n_devices"]) for r in rows])
-    ax.set_ylabel("ms per step (kernel time by category + idle)")
+    ax.set_ylabel("ms per step (exclusive time by category + idle)")
     ax.set_title("Campaign: time per decode step, per experiment", fontsize=11)
     handles, names = ax.get_legend_handles_labels()
     fig.legend(handles[::-1], names[::-1], loc="center right", fontsize=8, frameon=False)
@@ -74,15 +76,16 @@ def campaign_lines(entries: Sequence[dict], chart: str | None, ledger: str) -> l
     """The section's markdown: heading, chart, and the table behind it (labels and categories escaped)."""
     out = ["## Campaign", "",
            f"Experiments recorded in the ledger {md_escape(ledger)}, in the order they were added (`profattr ledger "
-           "list`). Each bar is one experiment (and GPU): kernel time per category and idle time, in ms per step; "
-           "the table holds the same numbers (categories + other + idle - overlap = mean step).", ""]
+           "list`). Each bar is one experiment (and GPU): exclusive time per category and idle time, in ms per "
+           "step; the table holds the same numbers (categories + other + idle = mean step; overlap: the categories' "
+           "time run alongside other categories, in no bar).", ""]
     if not entries:
         return out + ["The ledger has no entries yet.", ""]
     if chart:
         out += [f"![ms per step of each experiment, stacked by category]({chart})", ""]
     cats, rows = campaign_rows(entries)
     head = (["entry", "label", "GPU", "ms/token", "step ms (median)", "mean step ms"] + [md_escape(c) for c in cats]
-            + [OTHER, "idle", "overlap (subtracted)"])
+            + [OTHER, "idle", "overlap (in no bar)"])
     out += ["| " + " | ".join(head) + " |", "|" + "|".join(["---:", "---"] + ["---:"] * (len(head) - 2)) + "|"]
     for r in rows:
         tok = "" if r["ms_per_token"] is None else f"{r['ms_per_token']:.3f}"

@@ -8,6 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
+from profattr.report.budget_view import category_share, exclusive_ms
+
 MAX_CATEGORIES = 10  # shown one by one; the rest are summed into "other categories"
 IDLE_COLOR = "#d9d9d9"
 OTHER_COLOR = "#7f7f7f"
@@ -49,9 +51,8 @@ def chosen_categories(device_budgets: Sequence[dict], limit: int = MAX_CATEGORIE
     """Categories shown on their own: the largest share of the step in any capture first."""
     best: dict = {}
     for d in device_budgets:
-        step = max(d["mean_step_ms"], 1e-12)
         for c in d["categories"]:
-            best[c["category"]] = max(best.get(c["category"], 0.0), c["ms_per_step"] / step)
+            best[c["category"]] = max(best.get(c["category"], 0.0), category_share(c, d))
     return sorted(best, key=lambda c: -best[c])[:limit]
 
 
@@ -66,18 +67,19 @@ def _label_bars(axes, x, labels) -> None:
         ax.set_axisbelow(True)
 
 def mark_mean_steps(ax, tops: Sequence[float], means: Sequence[float]) -> None:
-    """On stacked bars at x = 0, 1, ... whose stacks (`tops`) exceed the step by the overlap of two streams: a black
-    line at each bar's mean step, its value written above the bar."""
+    """On stacked bars at x = 0, 1, ... of exclusive time and idle (`tops`: their heights, the mean step itself; a
+    budget from before exclusive time stacks op time, taller by the overlap): a black line at each bar's mean step,
+    its value written above the bar."""
     x = range(len(means))
     ax.hlines(means, [i - 0.33 for i in x], [i + 0.33 for i in x], colors="black", linewidth=1.6,
-              label="mean step (the stack minus overlap)")
+              label="mean step")
     for i, (top, mean) in enumerate(zip(tops, means)):
         ax.annotate(f"{mean:.3g} ms", (i, max(top, mean)), ha="center", va="bottom", fontsize=8)
 
 
 def write_category_chart(captures: Sequence[dict], path) -> Path:
-    """Stacked bars per capture (and GPU): ms per step by category plus idle, with the mean step marked (the stack
-    less the overlap of two streams), and the same as shares of kernel time + idle.
+    """Stacked bars per capture (and GPU): exclusive ms per step by category plus idle, which is the mean step
+    (marked), and the same as shares of the mean step.
 
     `captures`: dicts with `label` and `budget` (a budget dict). Returns the path written.
     """
@@ -88,7 +90,7 @@ def write_category_chart(captures: Sequence[dict], path) -> Path:
     series["other categories"] = []
     series["idle"] = []
     for _, d, _ in bars:
-        by_cat = {c["category"]: c["ms_per_step"] for c in d["categories"]}
+        by_cat = {c["category"]: exclusive_ms(c) for c in d["categories"]}
         for c in cats:
             series[c].append(by_cat.get(c, 0.0))
         series["other categories"].append(sum(v for k, v in by_cat.items() if k not in cats))
@@ -112,11 +114,11 @@ def write_category_chart(captures: Sequence[dict], path) -> Path:
         bottoms_pct = [b + v for b, v in zip(bottoms_pct, pct)]
     _label_bars((ax_ms, ax_pct), x, [b[0] for b in bars])
     mark_mean_steps(ax_ms, bottoms_ms, [d["mean_step_ms"] for _, d, _ in bars])
-    ax_ms.set_ylabel("ms per step (kernel time by category + idle)")
+    ax_ms.set_ylabel("ms per step (exclusive time by category + idle)")
     ax_ms.set_title("Time per decode step", fontsize=11)
-    ax_pct.set_ylabel("% of kernel time + idle")
+    ax_pct.set_ylabel("% of the mean step")
     ax_pct.set_ylim(0, 100)
-    ax_pct.set_title("Shares of kernel time + idle", fontsize=11)
+    ax_pct.set_title("Shares of the mean step", fontsize=11)
     handles, names = ax_ms.get_legend_handles_labels()
     fig.legend(handles[::-1], names[::-1], loc="center right", fontsize=8, frameon=False)
     fig.tight_layout(rect=(0, 0, 0.8, 1))

@@ -14,6 +14,7 @@ from profattr.attribute.diff import BOOTSTRAP_SAMPLES, Side, compute_diff, expan
 from profattr.errors import ProfattrError
 from profattr.report import why_slow
 from profattr.report.bottlenecks import rank_bottlenecks
+from profattr.report.budget_view import exclusive_ms
 from profattr.report.launches import launch_stats
 from profattr.taxonomy.classify import load_rules
 
@@ -162,9 +163,23 @@ def capture_gap(budget: dict, sqlite: Path, run: Optional[dict], run_path: Optio
             spec = spec_from_workload(record, source=source)
         else:
             spec = spec_from_run(run, source=source, tp=None, context_len=None, kv_dtype=None, dsa_runs=hw.dsa_runs)
-        return compute_gap(budget, spec, hw, capture_gpus=gpus), None
+        gap = compute_gap(budget, spec, hw, capture_gpus=gpus)
+        _add_lm_head(gap, budget, spec)
+        return gap, None
     except ProfattrError as exc:
         return None, f"skipped: {exc.format_message()}"
+
+
+def _add_lm_head(gap: dict, budget: dict, spec) -> None:
+    """Each gap device's `lm_head`: the logits projection's launch shape and its own efficiency against its weight
+    bytes (limits/kernel_floor.py lm_head_rows), where the budget has that shape."""
+    from profattr.limits.kernel_floor import lm_head_rows
+
+    for d in gap.get("devices") or []:
+        rows = lm_head_rows({"devices": [x for x in budget["devices"] if x["device"] == d["device"]]}, spec,
+                            float(d.get("memory_bandwidth_bytes_per_s") or 0.0))
+        if d["device"] in rows:
+            d["lm_head"] = rows[d["device"]]
 
 
 def evidence_summary(captures: Sequence[CaptureReport], rules: Sequence = ()) -> dict:
@@ -217,12 +232,13 @@ def collect_report(paths: Sequence, labels: Optional[Sequence[str]] = None, step
                    rules: Sequence = (), hardware: Optional[str] = None, samples: int = BOOTSTRAP_SAMPLES,
                    changed: Optional[str] = None, force_export: bool = False,
                    mappings: Optional[dict] = None, skip_steps=None, drills: Sequence = (),
-                   layers: bool = False) -> ReportData:
+                   layers: bool = False, graph_twins: Optional[dict] = None) -> ReportData:
     """Budgets, launch stats, lint findings and gaps of every capture; diffs of each against the first; the ranked
     bottlenecks; the taxonomy evidence. Captures are .sqlite exports or .nsys-rep reports; `mappings` gives a
     capture (as passed) an eager twin that lends NVTX context to its replayed graph kernels; `drills` names ncu
     drill CSVs (paths, or (capture as passed, path)) beyond those found beside the captures; `layers` breaks every
-    capture down by model layer (captures with a mapping always are)."""
+    capture down by model layer (captures with a mapping always are); `graph_twins` gives a capture (as passed) a
+    twin traced at graph level (--cuda-graph-trace graph), against which its graph launches' cost is set."""
     if labels is not None and len(labels) != len(paths):
         raise ProfattrError(f"--labels gives {len(labels)} label(s) for {len(paths)} capture(s); give one per capture")
     captures = []
@@ -238,6 +254,7 @@ def collect_report(paths: Sequence, labels: Optional[Sequence[str]] = None, step
         budget = compute_budget(path, steps=steps, rules=rules, force=force_export, keep_attribution=True,
                                 skip_steps=skip_steps, mapping=mapping, by=by)
         launches = launch_stats(budget)
+        _add_graph_tracing(launches, Path(budget.path), (graph_twins or {}).get(given))
         budget.attribution = None  # the arrays are no longer needed; the diff needs only the per-step tables
         data = budget.to_dict()
         checks, checks_source, checks_note = lint_findings(Path(budget.path), run)
@@ -284,6 +301,25 @@ def collect_report(paths: Sequence, labels: Optional[Sequence[str]] = None, step
                       sweep=batch_sweep(captures))
 
 
+def _add_graph_tracing(launches: list, export: Path, twin: Optional[str]) -> None:
+    """Each device's launch stats gain `graph_tracing`: how the capture traced its graph replays and, with a
+    graph-level twin, what per-node tracing cost (attribute/graph_launch.py)."""
+    from profattr.attribute.graph_launch import costs_of, tracing_cost
+
+    mine = costs_of(export)
+    if mine is None:
+        return
+    info = {"tracing": mine["tracing"], "launch": mine, "twin": twin, "cost": None}
+    if twin is not None:
+        theirs = costs_of(Path(twin))
+        if theirs is None or theirs["tracing"] != "graph":
+            raise ProfattrError(f"--graph-twin {twin}: not a capture whose graph launches were traced at graph level "
+                                "(record it with `profattr capture --cuda-graph-trace graph`)")
+        info["cost"] = tracing_cost(mine, theirs)
+    for s in launches:
+        s["graph_tracing"] = info
+
+
 def batch_of(cap: CaptureReport) -> Optional[int]:
     """Sequences decoded per step, as run.json recorded the requests (or the built-in workload its batch)."""
     for value in (((cap.run or {}).get("requests") or {}).get("batch"), ((cap.run or {}).get("workload") or {})
@@ -321,7 +357,7 @@ def batch_sweep(captures: Sequence[CaptureReport]) -> list:
                          "ms_per_token": step / batch if batch and step else None,
                          "tokens_per_s": 1e3 * batch / step if batch and step else None,
                          "unprofiled_ms_per_step": unprofiled_ms(cap.run),
-                         "categories": {c["category"]: c["ms_per_step"] for c in d["categories"]}})
+                         "categories": {c["category"]: exclusive_ms(c) for c in d["categories"]}})
     return rows
 
 

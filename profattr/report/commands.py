@@ -114,15 +114,15 @@ def _named_capture(target: str, captures) -> list:
     return match or [c for c in captures if glob.has_magic(c) and fnmatch.fnmatch(target, c)]
 
 
-def _mapping_pairs(mappings, captures) -> dict:
-    """{capture as given: eager capture} from CAPTURE=EAGER values; CAPTURE may be given by its file name, or as a
-    member of a replicate glob."""
+def _mapping_pairs(mappings, captures, option: str = "--mapping", other: str = "EAGER_CAPTURE") -> dict:
+    """{capture as given: other capture} from CAPTURE=OTHER values (--mapping's eager capture, --graph-twin's
+    graph-level twin); CAPTURE may be given by its file name, or as a member of a replicate glob."""
     out = {}
     for m in mappings:
         target, sep, eager = m.partition("=")
         match = _named_capture(target, captures) if sep and eager else []
         if len(match) != 1:
-            raise ProfattrError(f"--mapping {m!r}: expected CAPTURE=EAGER_CAPTURE with CAPTURE one of the report's "
+            raise ProfattrError(f"{option} {m!r}: expected CAPTURE={other} with CAPTURE one of the report's "
                                 f"captures ({', '.join(Path(c).name for c in captures)})")
         out[match[0]] = eager
     return out
@@ -164,6 +164,10 @@ def _drill_items(drills, captures) -> list:
 @click.option("--mapping", "mappings", multiple=True, metavar="CAPTURE=EAGER",
               help="Lend NVTX context (layers, context rules) to CAPTURE's replayed graph kernels from EAGER, an eager "
                    "capture of the same workload (as `profattr budget --mapping`). Repeatable.")
+@click.option("--graph-twin", "graph_twins", multiple=True, metavar="CAPTURE=TWIN",
+              help="Set CAPTURE's graph launches (traced per node) against TWIN, the same decode captured with "
+                   "`--cuda-graph-trace graph`: what per-node tracing adds to each launch, and whether the GPU's wait "
+                   "before replays is the decode's. Repeatable.")
 @click.option("--ledger", "ledger_path", default=None, type=click.Path(dir_okay=False), metavar="PATH",
               help="Add a Campaign section: ms/step of every experiment of this ledger (`profattr ledger`), stacked "
                    "by category. Without CAPTURES the report is that section alone.")
@@ -176,7 +180,7 @@ def _drill_items(drills, captures) -> list:
 @click.option("--force", is_flag=True, help="Overwrite an existing report (report.md and charts) in the folder.")
 @cache_option
 def report(captures, output, steps, skip_steps, rules, hardware, labels, changed, samples, mappings, layers, force,
-           ledger_path, drills):
+           ledger_path, drills, graph_twins):
     """Write the bottleneck report of CAPTURES to OUTPUT/report.md, with PNG charts.
 
     CAPTURES are Nsight Systems SQLite exports, .nsys-rep reports or torch-profiler traces; the first is the
@@ -193,7 +197,7 @@ def report(captures, output, steps, skip_steps, rules, hardware, labels, changed
         raise ProfattrError("give one or more CAPTURES, or --ledger PATH for the campaign report of a ledger")
     # fail before the slow part (gap charts, named after captures, are checked when known)
     given = [*captures, ledger_path, *rules, *(m.partition("=")[2] for m in mappings),
-             *(d.partition("=")[2] or d for d in drills)]
+             *(d.partition("=")[2] or d for d in drills), *(t.partition("=")[2] for t in graph_twins)]
     if output.exists() and not output.is_dir():
         raise ProfattrError(f"{output} exists and is not a folder; give -o a folder for report.md and its charts")
     names = (REPORT_FILE, CATEGORY_CHART, LAUNCH_CHART) if captures else (REPORT_FILE,)
@@ -217,9 +221,11 @@ def report(captures, output, steps, skip_steps, rules, hardware, labels, changed
                           hardware=hardware,
                           samples=BOOTSTRAP_SAMPLES if samples is None else samples, changed=changed,
                           mappings=_mapping_pairs(mappings, captures), drills=_drill_items(drills, captures),
-                          layers=layers)
-    data.command = _command_line(captures, output, steps, rules, hardware, labels, samples, changed, mappings,
-                                 ledger_path, drills, skip_steps) + (" --layers" if layers else "")
+                          layers=layers,
+                          graph_twins=_mapping_pairs(graph_twins, captures, "--graph-twin", "TWIN"))
+    data.command = (_command_line(captures, output, steps, rules, hardware, labels, samples, changed, mappings,
+                                  ledger_path, drills, skip_steps) + (" --layers" if layers else "")
+                    + "".join(f" --graph-twin {shlex.quote(t)}" for t in graph_twins))
     data.campaign, data.campaign_ledger = campaign, ledger_path
     written = write_report(data, output, force=force)
     click.echo(f"wrote {written[0]} and {len(written) - 1} chart(s)")

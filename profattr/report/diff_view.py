@@ -38,11 +38,34 @@ def family_note(c: dict) -> str:
     """A category's change in parts: added and removed families, count and duration effects of shared ones."""
     parts = []
     for key, label in (("added_ms", "added"), ("removed_ms", "removed"), ("from_count_ms", "count"),
-                       ("from_duration_ms", "duration"), ("moved_to_comm_wait_ms", "to comm_wait")):
+                       ("from_duration_ms", "duration"), ("moved_to_comm_wait_ms", "to comm_wait"),
+                       ("moved_to_overlap_ms", "contention taken out")):
         v = c.get(key) or 0.0
         if abs(v) >= 5e-4:
             parts.append(f"{label} {v:+.3f}")
     return ", ".join(parts)
+
+
+def levels_line(diff: dict) -> str:
+    """What each side was measured at and which variance the intervals cover (raw text), or '' for an older diff."""
+    la, lb = (diff.get("a") or {}).get("levels"), (diff.get("b") or {}).get("levels")
+    cover = diff.get("interval") or {}
+    if not la or not lb:
+        return ""
+
+    def side(x):
+        servers = "?" if x["servers"] is None else x["servers"]
+        return f"{servers} server(s), {x['windows']} window(s), {x['steps']} steps"
+    text = f"A {side(la)}; B {side(lb)}; intervals cover {', '.join(cover.get('covers') or ['steps'])}"
+    if cover.get("missing"):
+        text += "; not " + "; not ".join(cover["missing"])
+    return text
+
+
+def verdict_line(diff: dict) -> str:
+    """`VERDICT (reason)` (raw text); an older diff's verdict sentence as it is."""
+    reason = diff.get("verdict_reason")
+    return f"{diff['verdict']} ({reason})" if reason else str(diff.get("verdict", ""))
 
 
 def render_table(diff: dict) -> str:
@@ -58,6 +81,8 @@ def render_table(diff: dict) -> str:
         lines.append(f"changed: {changed}")
     if confounds:
         lines.append(f"WARNING: also differs (part of the step difference may come from it): {confounds}")
+    if levels_line(diff):
+        lines.append(f"levels: {levels_line(diff)}")
     for d in diff["devices"]:
         s = d["step_ms"]
         lines.append("")
@@ -84,7 +109,9 @@ def render_table(diff: dict) -> str:
                              f"{r['delta_ms_per_step']:>+10.3f}  {r['a_count_per_step']:.1f} -> "
                              f"{r['b_count_per_step']:.1f}")
     lines.append("")
-    lines.append(f"verdict: {diff['verdict']}")
+    if diff.get("summary"):
+        lines.append(f"summary: {diff['summary']}")
+    lines.append(f"verdict: {verdict_line(diff)}")
     return "\n".join(lines)
 
 
@@ -101,6 +128,8 @@ def render_markdown(diff: dict, a_label: str = "A", b_label: str = "B") -> str:
     if confounds:
         out += [f"> **Also differs** (not what the comparison changes; part of the step difference may come from "
                 f"it): {md_escape(confounds)}.", ""]
+    if levels_line(diff):
+        out += [f"Levels: {md_escape(levels_line(diff))}.", ""]
     for d in diff["devices"]:
         s = d["step_ms"]
         out.append(f"**GPU {md_escape(d['device'])}**: {s['a']:.3f} → {s['b']:.3f} ms/step "
@@ -108,8 +137,8 @@ def render_markdown(diff: dict, a_label: str = "A", b_label: str = "B") -> str:
                    f"{d['kernels_per_step']['a']:.1f} → {d['kernels_per_step']['b']:.1f}")
         out.append("")
         out.append(f"| component | {md_escape(a_label)} ms | {md_escape(b_label)} ms | Δ ms | 95% CI | "
-                   "families added / removed | from count | from duration | kernels (only A → only B) |")
-        out.append("|---|---:|---:|---:|---|---:|---:|---:|---|")
+                   "families added / removed | from count | from duration | contention | kernels (only A → only B) |")
+        out.append("|---|---:|---:|---:|---|---:|---:|---:|---:|---|")
         for c in d["components"]:
             if abs(c["delta_ms_per_step"]) < 5e-5 and abs(c["a_ms_per_step"]) < 5e-5:
                 continue
@@ -117,8 +146,9 @@ def render_markdown(diff: dict, a_label: str = "A", b_label: str = "B") -> str:
             fc = f"{c['from_count_ms']:+.3f}" if "from_count_ms" in c else ""
             fd = f"{c['from_duration_ms']:+.3f}" if "from_duration_ms" in c else ""
             ar = (f"{c['added_ms']:+.3f} / {c['removed_ms']:+.3f}" if "added_ms" in c else "")
+            ct = f"{c['contention_ms_per_step']:+.3f}" if "contention_ms_per_step" in c else ""
             out.append(f"| {md_escape(c['component'])} | {c['a_ms_per_step']:.3f} | {c['b_ms_per_step']:.3f} | "
-                       f"{c['delta_ms_per_step']:+.3f} | {ci} | {ar} | {fc} | {fd} | "
+                       f"{c['delta_ms_per_step']:+.3f} | {ci} | {ar} | {fc} | {fd} | {ct} | "
                        f"{md_escape(_kernel_line(c, 48))} |")
         out.append("")
         if d.get("layers"):
@@ -129,5 +159,6 @@ def render_markdown(diff: dict, a_label: str = "A", b_label: str = "B") -> str:
                            f"{r['b_ms_per_step']:.3f} | {r['delta_ms_per_step']:+.3f} | "
                            f"{r['a_count_per_step']:.1f} → {r['b_count_per_step']:.1f} |")
             out.append("")
-    out.append(f"Verdict: {md_escape(diff['verdict'])}")
+    out.append(f"Verdict: **{md_escape(diff['verdict'])}**" + (f" ({md_escape(diff['verdict_reason'])})"
+                                                                 if diff.get("verdict_reason") else ""))
     return "\n".join(out)

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from profattr import __version__
 from profattr.report import why_slow
-from profattr.report.budget_view import layer_name, precision_markdown
+from profattr.report.budget_view import category_share, category_table_md, layer_name, precision_markdown
 from profattr.report.campaign import campaign_section
 from profattr.report.escape import md_escape
+from profattr.report.bottlenecks import ranks_diff
 from profattr.report.md_diff import diff_explanation, diff_section  # noqa: F401  (diff_explanation: for callers)
 from profattr.report.md_runtime import launch_section, tp_section
+from profattr.report.shapes import short_kernel_line, shape_rows
 from profattr.report.md_table import (  # noqa: F401  (code_block: for campaign.py)
     _devices_label, _multi_device, _pct, _short, _table, code_block)
 
@@ -76,7 +78,7 @@ def sweep_section(data) -> list:
            "below compare captures of the same batch size only.", ""]
     out += _table(["capture", "MoE backend"] + (["FP8 GEMM backend"] if fp8 else []) + ["batch", "mean step ms",
                    "GPU ms/token", "tokens/s",
-                   "unprofiled ms/step"] + [f"{md_escape(c)} ms" for c in cats], rows)
+                   "unprofiled ms/step"] + [f"{md_escape(c)} exclusive ms" for c in cats], rows)
     return out + ["", "Unprofiled ms/step: the client's timing of decode without the profiler (run.json), per "
                   "generated token of each sequence.", ""]
 
@@ -92,7 +94,7 @@ def summary_section(data) -> list:
                          f"{d['busy_ms_per_step']:.3f}", f"{d['idle_ms_per_step']:.3f}",
                          _pct(d['idle_ms_per_step'] / d['mean_step_ms']) if d['mean_step_ms'] else "",
                          f"{d['kernels_per_step']:.1f}", md_escape(s.get("mode", "?")),
-                         (f"{md_escape(top['category'])} ({_pct(top['ms_per_step'] / d['mean_step_ms'])})"
+                         (f"{md_escape(top['category'])} ({_pct(category_share(top, d))})"
                           if top and d['mean_step_ms'] else "")])
     out = ["## Summary", ""]
     out += _table(["capture", "steps", "step ms (median)", "mean step ms", "busy ms", "idle ms", "idle share",
@@ -107,6 +109,13 @@ def bottleneck_section(data) -> list:
         return out + ["Nothing above the thresholds (idle under 10% of the step, no category over 5%, no change "
                       "beyond noise).", ""]
     out.append("Largest first, in ms per step; each reason is built from that capture's numbers.")
+    unranked = [e for e in data.diffs if not ranks_diff(e["diff"])]
+    if unranked and len(unranked) == len(data.diffs):
+        out[-1] += (" No difference between captures is ranked: no comparison here has the windows per side (3) "
+                    "and like-for-like runs that establish one, so each capture ranks by its own budget.")
+    elif unranked:
+        out[-1] += (f" {len(unranked)} of the {len(data.diffs)} comparisons establish no difference (too few "
+                    "windows per side, or confounded runs) and are not ranked.")
     out.append("")
     for b in data.bottlenecks:
         where = md_escape(b["capture"])
@@ -247,21 +256,17 @@ def capture_header(cap) -> list:
 
 def budget_section(data) -> list:
     out = ["## Per-step budget", "",
-           "Kernel time per category, and idle time inside the step (GPU waiting: launch gaps, host work, syncs). "
-           "Category time plus idle, minus overlap (two streams at once), is the mean step.", ""]
+           "Time per category, and idle time inside the step (GPU waiting: launch gaps, host work, syncs). A "
+           "category's exclusive time is its part of the GPU's busy time, each moment shared equally among the "
+           "categories running then; exclusive times plus idle are the mean step, and their shares add up to 100%. "
+           "Overlapped time is the rest of a category's op time: what ran alongside other categories (another "
+           "stream).", ""]
     for cap in data.captures:
         for d in cap.budget["devices"]:
-            step = d["mean_step_ms"] or 1e-12
             out.append(f"### {_devices_label(cap, d)}: {d['step_ms']:.3f} ms/step (median of {d['steps']} steps; "
                        f"mean {d['mean_step_ms']:.3f})")
             out.append("")
-            rows = [[md_escape(c["category"]), f"{c['ms_per_step']:.3f}", f"{c['count_per_step']:.2f}",
-                     _pct(c["ms_per_step"] / step)] for c in d["categories"]]
-            rows.append(["idle (inside steps)", f"{d['idle_ms_per_step']:.3f}", "", _pct(d["idle_ms_per_step"] / step)])
-            if d["overlap_ms_per_step"] > 5e-4:
-                rows.append(["overlap (subtracted)", f"-{d['overlap_ms_per_step']:.3f}", "", ""])
-            rows.append(["**mean step**", f"**{d['mean_step_ms']:.3f}**", "", "100.0%"])
-            out += _table(["category", "ms/step", "count/step", "share"], rows)
+            out += category_table_md(d)
             notes = [f"classified: {_pct(1.0 - d['unclassified_share'])} of GPU time"]
             outside = d.get("outside_steps") or {}
             if outside.get("ops"):
@@ -297,17 +302,40 @@ def top_kernels_section(data) -> list:
             out.append(f"### {_devices_label(cap, d)}")
             out.append("")
             rows = []
-            for k in d["kernels"][:TOP_KERNELS]:
-                mean_us = 1e3 * k["ms_per_step"] / k["count_per_step"] if k["count_per_step"] else 0.0
-                rows.append([md_escape(_short(k["name"])), md_escape(k["category"]), f"{k['ms_per_step']:.3f}",
-                             f"{k['count_per_step']:.2f}", f"{mean_us:.1f}", _pct(k["ms_per_step"] / step)])
-            out += _table(["kernel", "category", "ms/step", "count/step", "µs per call", "share"], rows)
-            more = len(d["kernels"]) - TOP_KERNELS
+            by_shape = shape_rows(d)  # one row per (name, grid, block, registers): a name's launches can differ
+            for k in by_shape[:TOP_KERNELS]:
+                rows.append([md_escape(_short(k["name"])), md_escape(k["label"]), md_escape(k["category"]),
+                             f"{k['ms_per_step']:.3f}", f"{k['count_per_step']:.2f}", f"{k['mean_us']:.1f}",
+                             _pct(k["ms_per_step"] / step)])
+            out += _table(["kernel", "launch shape", "category", "ms/step", "count/step", "µs per call", "share"],
+                          rows)
+            more = len(by_shape) - TOP_KERNELS
             if more > 0:
-                out += ["", f"{more} more kernel name{'s' if more > 1 else ''} "
-                            f"({sum(k['ms_per_step'] for k in d['kernels'][TOP_KERNELS:]):.3f} ms/step)."]
+                out += ["", f"{more} more kernel launch shape{'s' if more > 1 else ''} "
+                            f"({sum(k['ms_per_step'] for k in by_shape[TOP_KERNELS:]):.3f} ms/step)."]
+            short = short_kernel_line(d)
+            if short:
+                out += ["", md_escape(short[0].upper() + short[1:]) + "."]
+            lm = next((g.get("lm_head") for g in (cap.gap or {}).get("devices") or []
+                       if g.get("device") == d["device"] and g.get("lm_head")), None)
+            if lm:
+                out += ["", md_escape(lm_head_sentence(lm))]
             out.append("")
     return out
+
+
+def lm_head_sentence(lm: dict) -> str:
+    """The logits projection's own row: its shape, time, weight bytes and efficiency, against the rest of its
+    kernel name (whose mean over every shape hides it)."""
+    text = (f"Logits projection (lm_head): {lm['name']} {lm['label']}, once per step, {lm['mean_us']:.1f} µs; it "
+            f"reads {lm['weight_bytes'] / 1e6:.0f} MB of weights per step, {lm['achieved_bytes_per_s'] / 1e12:.2f} "
+            f"TB/s: {lm['efficiency_pct']:.1f}% of its limit ({lm['floor_ms'] * 1e3:.1f} µs at "
+            f"{lm['bandwidth_bytes_per_s'] / 1e12:.2f} TB/s)")
+    if lm.get("other_shapes"):
+        text += (f"; the name's {lm['other_shapes']} other shape{'s' if lm['other_shapes'] > 1 else ''} run "
+                 f"{lm['other_shapes_count_per_step']:.1f}x per step at {lm['other_shapes_mean_us']:.1f} µs, and its "
+                 f"per-name mean of {lm['name_mean_us']:.1f} µs describes neither")
+    return text + f". ({lm['rule'][0].upper()}{lm['rule'][1:]}.)"
 
 
 def category_chart_section(data) -> list:
@@ -316,9 +344,9 @@ def category_chart_section(data) -> list:
         return []
     return ["## Categories per capture", "",
             f"![kernel time per category and idle time, per capture]({name})", "",
-            "Left: ms per step, stacked by category, idle on top, with a black line at the mean step (the stack "
-            "is taller by the overlap: kernels of two streams at once); right: the same as shares of kernel time + "
-            "idle. The largest categories are shown one by one, the rest summed.", ""]
+            "Left: exclusive ms per step, stacked by category, idle on top: the stack is the mean step (marked); "
+            "right: the same as shares of the mean step. The largest categories are shown one by one, the rest "
+            "summed.", ""]
 
 
 # --- lint and gap -----------------------------------------------------------------------------------------------------

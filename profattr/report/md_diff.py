@@ -16,7 +16,9 @@ def diff_section(data) -> list:
            *([f"Each capture is compared with the first capture of its batch size ({', '.join(map(md_escape, bases))})."
               , ""] if len(bases) > 1 else []),
            "Each component is B minus A in ms per step; the components add up to the change of the median step. "
-           "Intervals are 95% bootstrap intervals over steps; a component whose interval holds 0 is noise.", ""]
+           "Intervals are 95% bootstrap intervals over servers, windows and steps, as many of each as a side has; "
+           "a component whose interval holds 0 is noise. Over fewer than 3 windows per side an interval holds the "
+           "steps' variation, not the windows', so such a comparison establishes no difference.", ""]
     for entry in data.diffs:
         a, b, diff = entry["a"], entry["b"], entry["diff"]
         out.append(f"### {md_escape(b)} vs {md_escape(a)}")
@@ -56,11 +58,14 @@ def diff_explanation(diff: dict, a: str, b: str, a_modes: dict | None = None, b_
                          f"[{ci[0]:+.3f}, {ci[1]:+.3f}]): no real difference in step time.")
         else:
             sig = f", 95% interval [{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else " (no interval: budget JSON input)"
-            lines.append(f"{gpu}{B} is {direction} than {A} by {abs(s['delta']):.3f} ms/step{rel}{sig}.")
+            lines.append(f"{gpu}{B} is {direction} than {A} by {abs(s['delta']):.3f} ms/step{rel}{sig}"
+                         f"{limitation(diff)}.")
         parts = split_delta(d)
         wait = (f", waiting inside collectives {parts['comm_wait']:+.3f} ms"
                 if any(c["component"] == "comm_wait" for c in d["components"]) else "")
-        lines.append(f"{gpu}Kernel time (categories minus overlap) {parts['kernel']:+.3f} ms{wait}, idle "
+        kernel = ("categories minus overlap" if any(c["component"] == "overlap" for c in d["components"])
+                  else "categories' exclusive time")
+        lines.append(f"{gpu}Kernel time ({kernel}) {parts['kernel']:+.3f} ms{wait}, idle "
                      f"{parts['idle']:+.3f} ms, median-vs-mean step drift {parts['variability']:+.3f} ms.")
         mode_a, mode_b = (a_modes or {}).get(d["device"]), (b_modes or {}).get(d["device"])
         if mode_a and mode_b and mode_a != mode_b:
@@ -84,6 +89,19 @@ def diff_explanation(diff: dict, a: str, b: str, a_modes: dict | None = None, b_
     return lines
 
 
+def limitation(diff: dict) -> str:
+    """The one clause that says why a measured difference is not an established one ('' when it is, or for a diff
+    without a verdict)."""
+    verdict, v = diff.get("verdict"), diff.get("validity") or {}
+    if verdict == "within noise" and v.get("too_few_windows"):
+        w = [(diff.get(k) or {}).get("levels", {}).get("windows") for k in ("a", "b")]
+        return (f", yet **within noise**: {w[0]} and {w[1]} window(s) per side, too few for the interval to cover "
+                "window-to-window variance, so no difference is established")
+    if verdict == "not comparable":
+        return f", yet **not comparable**: {md_escape('; '.join(v.get('reasons') or []))}"
+    return ""
+
+
 def _names(names: list) -> str:
     if not names:
         return "none"
@@ -103,4 +121,9 @@ def _component_detail(c: dict, A: str, B: str) -> str:
     only_b = [k["name"] for k in kernels.get("only_b", [])]
     if only_a or only_b:
         text += f"; kernels only in {A}: {_names(only_a)}; only in {B}: {_names(only_b)}"
+    contention = c.get("contention_ms_per_step") or 0.0
+    if abs(contention) >= 5e-4:
+        text += (f"; besides, its overlapped time (run alongside other categories) changed by {contention:+.3f} ms: "
+                 f"contention, which the step does not pay (its op time changed "
+                 f"{c.get('op_delta_ms_per_step', 0.0):+.3f} ms)")
     return text + "."

@@ -15,12 +15,17 @@ def launch_section(data) -> list:
            "step (their sum is the idle time), each charged to the op that ends it: the first node of a CUDA-graph "
            "replay (the GPU waiting for the host's cudaGraphLaunch), a later node of a replay, or an op launched by "
            "itself.", ""]
-    rows, gap_rows, notes, sample_rows = [], [], [], []
+    rows, gap_rows, notes, sample_rows, short_rows = [], [], [], [], []
     for cap in data.captures:
         devices = {d["device"]: d for d in cap.budget["devices"]}
         for s in cap.launches:
             d = devices[s["device"]]
             label = _devices_label(cap, d)
+            short = d.get("short_kernels")
+            if short:
+                short_rows.append([label, f"{d['kernels_per_step']:.1f}", f"{short['count_per_step']:.1f}",
+                                   _pct(short["count_per_step"] / d["kernels_per_step"] if d["kernels_per_step"]
+                                        else 0.0), f"{short['ms_per_step']:.3f}", _pct(short["share"])])
             rows.append([label, md_escape(s["mode"]), _f(s["graph_launches_per_step"], ".2f"),
                          _f(s["kernel_launches_per_step"], ".1f"), _f(s["memory_calls_per_step"], ".1f"),
                          _f(s["sync_calls_per_step"], ".1f"), f"{s['kernels_per_step']:.1f}",
@@ -44,6 +49,15 @@ def launch_section(data) -> list:
                    "sync calls/step", "kernels/step", "ops replayed from a graph/step", "ops launched eagerly/step"],
                   rows)
     out += [""]
+    if short_rows:
+        under = next(d["short_kernels"]["under_us"] for cap in data.captures for d in cap.budget["devices"]
+                     if d.get("short_kernels"))
+        out += [f"Short kernels: launches per step that run under {under:g} µs (their launch and tail cost about as "
+                "much as their work; fusing them or replaying them in a graph is what shortens them) and what they "
+                "cost.", ""]
+        out += _table(["capture", "kernels/step", f"under {under:g} µs/step", "share of launches", "their ms/step",
+                       "share of GPU op time"], short_rows)
+        out += [""]
     out += _table(["capture", "mean step ms", "idle ms", "idle share", "idle waiting for a replay to start ms",
                    "idle between replayed nodes ms",
                    "idle before eager ops ms", "mean gap µs", "median nonzero gap µs", "largest gap per step µs"],

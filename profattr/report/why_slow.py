@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional, Sequence
 
-from profattr.attribute.kernel_bounds import THRESHOLDS, analyse_drill
+from profattr.attribute.kernel_bounds import THRESHOLDS, analyse_drill, shape_key
 from profattr.errors import ProfattrError
 from profattr.limits import kernel_floor
 from profattr.report.escape import md_escape
@@ -31,13 +31,24 @@ def _device(budget: Optional[dict]) -> Optional[dict]:
 
 def kernel_labels(ncu, budget: Optional[dict], rules: Sequence = ()) -> tuple:
     """({CSV kernel name: category}, {name: taxonomy family}, {name: {ms_per_step, count_per_step} in the capture},
-    how): the capture's own classification of the same kernel (same short name; it carries the NVTX context rules)
+    how, {kernel_bounds.shape_key: {ms_per_step, count_per_step} in the capture}): the capture's own classification of the same kernel (same short name; it carries the NVTX context rules)
     where the budget has it, else the taxonomy's."""
     ruleset = load_rules(rules)
     device = _device(budget)
     seen = {}
     for k in (device or {}).get("kernels") or []:
         seen.setdefault(k["name"], k)
+    # the capture's launches of each kernel per launch shape (budget kernels[].shapes), to match drilled families
+    by_shape: dict = {}
+    for k in (device or {}).get("kernels") or []:
+        for s in k.get("shapes") or []:
+            if s.get("shape"):
+                key = shape_key(k["name"], s["shape"]["grid"], s["shape"]["block"], s["shape"]["registers_per_thread"])
+                acc = by_shape.setdefault(key, {"ms_per_step": 0.0, "count_per_step": 0.0, "gemm": []})
+                acc["ms_per_step"] += s["ms_per_step"]
+                acc["count_per_step"] += s["count_per_step"]
+                if s["shape"].get("gemm"):  # the GEMMs (M, N, K) the capture ran with this shape
+                    acc["gemm"].append(s["shape"]["gemm"])
     categories, families, in_capture = {}, {}, {}
     for k in ncu.kernels:
         if k.name in categories:
@@ -54,7 +65,7 @@ def kernel_labels(ncu, budget: Optional[dict], rules: Sequence = ()) -> tuple:
     how = ("kernel names classified by the taxonomy (no capture budget given)" if not budget else
            f"all {m} kernel names classified as in the capture's budget" if n == m else
            f"{n} of {m} kernel names classified as in the capture's budget, the rest by the taxonomy")
-    return categories, families, in_capture, how
+    return categories, families, in_capture, how, by_shape
 
 
 def analyse_csv(path, budget: Optional[dict] = None, capture_run: Optional[dict] = None, rules: Sequence = ()):
@@ -62,7 +73,7 @@ def analyse_csv(path, budget: Optional[dict] = None, capture_run: Optional[dict]
     for categories and measured ms per step; `capture_run`: that capture's run.json, for the model when the drill's
     own run.json records none."""
     ncu = read_ncu_csv(path)
-    categories, families, in_capture, how = kernel_labels(ncu, budget, rules)
+    categories, families, in_capture, how, in_capture_shapes = kernel_labels(ncu, budget, rules)
     spec, spec_how = kernel_floor.spec_for_run(ncu.run)
     if spec is None and capture_run is not None:
         spec, spec_how = kernel_floor.spec_for_run(capture_run)
@@ -77,7 +88,7 @@ def analyse_csv(path, budget: Optional[dict] = None, capture_run: Optional[dict]
     device = _device(budget)
     for c in (device or {}).get("categories") or []:
         measured[c["category"]] = c["ms_per_step"]
-    return analyse_drill(ncu, categories, families, floors, measured, assumptions, in_capture)
+    return analyse_drill(ncu, categories, families, floors, measured, assumptions, in_capture, in_capture_shapes)
 
 
 def drill_run_of(csv_path: Path) -> Optional[dict]:
@@ -199,7 +210,8 @@ def _grid(v) -> str:
 
 
 def family_rows(a: dict) -> list:
-    """[kernel, category, grid, CTAs, block, launches, µs, DRAM %, SM %, occupancy %, waves, verdict] per family."""
+    """[kernel, category, grid, CTAs, block, regs, launches, µs, DRAM TB/s, DRAM %, SM %, occupancy %, waves,
+    verdict] per family (kernel and launch shape)."""
     rows = []
     for f in a["families"]:
         theo = f.get("theoretical_occupancy_pct")
@@ -208,12 +220,14 @@ def family_rows(a: dict) -> list:
         if len(f["launch_verdicts"]) > 1:
             verdict += " (median; mixed launches)"
         rows.append([f["short_name"], f["category"], _grid(f["grid"]), str(f["grid_size"]), _grid(f["block"]),
-                     str(f["launches"]), _range(f["duration_ns"], ".1f", 1e-3), _range(f["dram_throughput_pct"], ".1f"),
+                     str(f["registers_per_thread"]), str(f["launches"]), _range(f["duration_ns"], ".1f", 1e-3),
+                     _range(f["dram_bytes_per_s"], ".2f", 1e-12), _range(f["dram_throughput_pct"], ".1f"),
                      _range(f["sm_throughput_pct"], ".1f"), occ, f"{f['waves_per_sm']:.2f}", verdict])
     return rows
 
 
-FAMILY_HEADERS = ["kernel", "category", "grid", "CTAs", "block", "launches", "µs median (min-max)", "DRAM % of peak",
+FAMILY_HEADERS = ["kernel", "category", "grid", "CTAs", "block", "regs", "launches", "µs median (min-max)",
+                  "DRAM TB/s", "DRAM % of peak",
                   "SM % of peak", "occupancy % achieved / theoretical", "waves/SM", "verdict"]
 KERNEL_HEADERS = ["ID", "kernel", "grid", "CTAs", "block", "µs", "DRAM MB", "DRAM %", "SM %", "mem %", "occ %",
                   "waves", "regs", "verdict"]
@@ -277,15 +291,24 @@ def _text_table(headers: list, rows: list) -> list:
     return [fmt.format(*headers).rstrip()] + [fmt.format(*map(str, r)).rstrip() for r in rows]
 
 
+def _shapes_of(name_summary: dict) -> list:
+    """The per-shape lines under a kernel name's sentence: only when it ran more than one launch shape."""
+    shapes = name_summary.get("shapes") or []
+    return shapes if len(shapes) > 1 else []
+
+
 def render_table(a: dict) -> str:
     """`profattr drill-report --format table`."""
     a = clean_tree(a)
     lines = [f"drill: {a['csv']}"]
     lines += [f"  {x}" for x in header_lines(a)]
     lines += ["", "launches:"] + ["  " + x for x in _text_table(KERNEL_HEADERS, kernel_rows(a))]
-    lines += ["", "families (same kernel, grid and block):"]
+    lines += ["", "families (same kernel, grid, block and registers per thread):"]
     lines += ["  " + x for x in _text_table(FAMILY_HEADERS, family_rows(a))]
-    lines += ["", "why:"] + [f"  - {n['sentence']}" for n in a["names"]]
+    lines += ["", "why:"]
+    for n in a["names"]:
+        lines.append(f"  - {n['sentence']}")
+        lines += [f"      {s['sentence']}" for s in _shapes_of(n)]
     lines += ["", "bytes against the floor:"] + [f"  - {x}" for x in category_lines(a)]
     lines += ["", "assumptions:"] + [f"  - {x}" for x in a["assumptions"]]
     lines += ["", "thresholds: " + "; ".join(f"{k} {v['value']:g} ({v['reason']})" for k, v in THRESHOLDS.items())]
@@ -306,7 +329,9 @@ def render_markdown(a: dict, heading: str = "###", title: Optional[str] = None, 
     out = [f"{heading} {md_escape(title or Path(a['csv']).name)}", ""]
     out += [f"- {x}" for x in intro] + [f"- {md_escape(x)}" for x in header_lines(a)]
     out += [""] + _md_table(FAMILY_HEADERS, family_rows(a)) + [""]
-    out += [f"- {md_escape(n['sentence'])}" for n in a["names"]]
+    for n in a["names"]:
+        out.append(f"- {md_escape(n['sentence'])}")
+        out += [f"  - {md_escape(s['sentence'])}" for s in _shapes_of(n)]
     out += [""] + [f"- {md_escape(x)}" for x in category_lines(a)]
     out += ["", "Assumptions: " + md_escape("; ".join(a["assumptions"])) + ".", ""]
     return out
@@ -319,7 +344,8 @@ def section(data) -> list:
         return []
     out = [TITLE, "",
            "Nsight Compute drills (`profattr drill`) of the step's top kernels, one row per kernel family (same "
-           "kernel, grid and block). Verdicts, in this order: memory-bound near peak (DRAM or L1/L2 at or above "
+           "kernel, grid, block and registers per thread: one launch shape). Verdicts, in this order: memory-bound "
+           "near peak (DRAM or L1/L2 at or above "
            f"{THRESHOLDS['memory_bound_pct']['value']:g}% of peak), compute-bound (SM at or above "
            f"{THRESHOLDS['compute_bound_pct']['value']:g}%), too few CTAs for the GPU (neither, and the grid fills "
            f"under {THRESHOLDS['few_waves']['value']:g} of the GPU's CTA slots), latency-bound (neither, though the "

@@ -23,7 +23,7 @@ import numpy as np
 
 from profattr.trace import store as opstore
 
-READER_VERSION = "1"
+READER_VERSION = "2"  # 2: ops carry their launch shape (grid, block, registers)
 DEFAULT_MAX_MB = 4096
 HASH_BYTES = 1 << 20
 

@@ -29,7 +29,7 @@ import pandas as pd
 from profattr import inputs
 from profattr.errors import ProfattrError
 from profattr.trace.jsonstream import JSONStreamError, members
-from profattr.trace.ops import KIND_KERNEL, KIND_MEMCPY, KIND_MEMSET, Ops
+from profattr.trace.ops import KIND_KERNEL, KIND_MEMCPY, KIND_MEMSET, Ops, pack_block, pack_grid
 from profattr.trace.validate import INT31, TORCH_NAMES, Claims
 
 GPU_CATS = {"kernel": KIND_KERNEL, "gpu_memcpy": KIND_MEMCPY, "gpu_memset": KIND_MEMSET}
@@ -125,7 +125,7 @@ class KinetoTrace:
             self.files = trace_files(self.path)
         self.names: dict = {}
         self._gpu = _Columns(["start", "end", "device", "stream", "key", "name", "kind", "gx", "gy", "gz",
-                              "bx", "by", "bz"])
+                              "bx", "by", "bz", "regs"])
         self._api = _Columns(["tid", "start", "end", "key", "name"])
         self._ranges = _Columns(["tid", "start", "end", "name"])
         self.skipped: dict = {}
@@ -218,17 +218,19 @@ class KinetoTrace:
                     if kind == KIND_KERNEL:
                         code = intern(name)
                         grid, block = args.get("grid") or (0, 0, 0), args.get("block") or (0, 0, 0)
+                        regs = args.get("registers per thread", -1)
                     else:
                         m = COPY_KIND.match(name)
                         code = -1 - COPY_CODES.get(m.group(1), 0) if kind == KIND_MEMCPY and m else (
                             -100 if kind == KIND_MEMSET else -1)
                         grid = block = (0, 0, 0)
+                        regs = -1
                     device, stream = int(args["device"]), int(args.get("stream", ev.get("tid", 0)))
                     if not (0 <= device <= INT31 and -INT31 <= stream <= INT31):
                         raise ValueError("a device or stream id beyond 31 bits")
                     gpu_add(start, start + round(float(ev["dur"]) * 1000), device, stream,
                             key_high | (int(args["correlation"]) & 0xFFFFFFFF),
-                            code, kind, *(int(x) for x in grid[:3]), *(int(x) for x in block[:3]))
+                            code, kind, *(int(x) for x in grid[:3]), *(int(x) for x in block[:3]), int(regs))
                 elif cat in API_CATS:
                     start = round(float(ev["ts"]) * 1000)
                     api_add(high | int(ev["tid"]), start, start + round(float(ev["dur"]) * 1000),
@@ -285,6 +287,9 @@ class KinetoTrace:
         tid = np.full(len(key), -1, dtype=np.int64)
         ns = np.full(len(key), -1, dtype=np.int64)
         tid[found], ns[found] = a["tid"][hit], a["start"][hit]
+        is_kernel = g["kind"][sel] == KIND_KERNEL
+        grid = np.where(is_kernel, pack_grid(g["gx"][sel], g["gy"][sel], g["gz"][sel]), -1)
+        block = np.where(is_kernel, pack_block(g["bx"][sel], g["by"][sel], g["bz"][sel], g["regs"][sel]), -1)
         graph_node = np.full(len(key), -1, dtype=np.int64)
         launches = self.graph_launches()
         if launches is not None:
@@ -297,7 +302,7 @@ class KinetoTrace:
         return self.claims.ops(Ops(start=start, end=end, device=g["device"][sel].astype(np.int32), launch_key=key,
                                    name_id=short, demangled_id=demangled, graph_node=graph_node,
                                    stream=g["stream"][sel].astype(np.int32), kind=g["kind"][sel].astype(np.int8),
-                                   launch_tid=tid, launch_ns=ns, launched=found))
+                                   launch_tid=tid, launch_ns=ns, launched=found, grid=grid, block=block))
 
     def ranges(self) -> pd.DataFrame:
         r = self._range_arrays

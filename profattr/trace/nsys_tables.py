@@ -13,12 +13,19 @@ from profattr.trace.ops import KIND_KERNEL, KIND_MEMCPY, KIND_MEMSET, LOW32, Ops
 from profattr.trace.reader import KERNEL, MEMCPY, MEMSET, NVTX, RUNTIME, DamagedValues, Export, load_query
 
 
+SHAPE_COLUMNS = {"grid_x": "gridX", "grid_y": "gridY", "grid_z": "gridZ", "block_x": "blockX", "block_y": "blockY",
+                 "block_z": "blockZ", "registers": "registersPerThread"}
+
+
 def _optional(export: Export, table: str, alias: str) -> dict:
-    return {"graph_node_id": f"COALESCE({export.column_or(table, 'graphNodeId', alias, '-1')}, -1)",
-            "stream_id": f"COALESCE({export.column_or(table, 'streamId', alias, '0')}, 0)"}
+    out = {"graph_node_id": f"COALESCE({export.column_or(table, 'graphNodeId', alias, '-1')}, -1)",
+           "stream_id": f"COALESCE({export.column_or(table, 'streamId', alias, '0')}, 0)"}
+    # the launch shape (kernels only): -1 makes the packed value -1 when the export lacks a column
+    out.update({key: f"COALESCE({export.column_or(table, col, alias, '-1')}, -1)" for key, col in SHAPE_COLUMNS.items()})
+    return out
 
 
-PACKED_COLS = ["start", "end", "device", "packed", "launch_key", "graph_node"]
+PACKED_COLS = ["start", "end", "device", "packed", "launch_key", "graph_node", "grid", "block"]
 
 
 def load_ops(export: Export, include_memory: bool = True) -> Ops:
@@ -48,7 +55,7 @@ def load_ops(export: Export, include_memory: bool = True) -> Ops:
         kind[filled:filled + n] = code
         filled += n
     buf, kind = buf[:, :filled], kind[:filled]
-    start, end, device, packed, key, graph_node = buf
+    start, end, device, packed, key, graph_node, grid, block = buf
     low = (packed & LOW32).astype(np.int32)
     # names: kernels carry their demangled-name id; memory ops get negative codes (see Ops)
     demangled_id = low
@@ -61,7 +68,7 @@ def load_ops(export: Export, include_memory: bool = True) -> Ops:
     launch_tid, launch_ns, launched = _join_launches(export, key)
     return Ops(start=start, end=end, device=device, launch_key=key, name_id=_short_names(export, demangled_id),
                demangled_id=demangled_id, graph_node=graph_node, stream=stream, kind=kind,
-               launch_tid=launch_tid, launch_ns=launch_ns, launched=launched)
+               launch_tid=launch_tid, launch_ns=launch_ns, launched=launched, grid=grid, block=block)
 
 
 def _short_names(export: Export, demangled_id: np.ndarray) -> np.ndarray:

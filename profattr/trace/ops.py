@@ -41,10 +41,16 @@ class Ops:
     launch_tid: np.ndarray  # int64
     launch_ns: np.ndarray  # int64
     launched: np.ndarray | None = None  # bool: a launch call was found (None: launch_ns >= 0 says it)
+    grid: np.ndarray | None = None  # int64 launch grid, pack_grid (-1: not recorded, or a memory op)
+    block: np.ndarray | None = None  # int64 block and registers per thread, pack_block (-1: not recorded)
 
     def __post_init__(self):
         if self.launched is None:
             self.launched = self.launch_ns >= 0
+        if self.grid is None:
+            self.grid = np.full(len(self.start), -1, dtype=np.int64)
+        if self.block is None:
+            self.block = np.full(len(self.start), -1, dtype=np.int64)
 
     def __len__(self) -> int:
         return len(self.start)
@@ -67,6 +73,48 @@ class Ops:
 
 
 LOW32 = np.int64(0xFFFFFFFF)
+
+# A kernel's launch shape in two integers (the same packing as queries/gpu_kernels.sql):
+#   grid  = gridX << 32 | gridY << 16 | gridZ                        (gridX < 2^31, gridY and gridZ < 2^16)
+#   block = blockX << 48 | blockY << 32 | blockZ << 16 | registers   (each < 2^15)
+# -1 when a value is missing or does not fit (never a wrapped, wrong shape).
+GRID_X_MAX, GRID_YZ_MAX, BLOCK_MAX = (1 << 31) - 1, (1 << 16) - 1, (1 << 15) - 1
+
+
+def pack_grid(x, y, z) -> np.ndarray:
+    x, y, z = (np.asarray(v, dtype=np.int64) for v in (x, y, z))
+    fits = (x >= 0) & (x <= GRID_X_MAX) & (y >= 0) & (y <= GRID_YZ_MAX) & (z >= 0) & (z <= GRID_YZ_MAX)
+    return np.where(fits, (x << 32) | (y << 16) | z, -1)
+
+
+def pack_block(x, y, z, registers) -> np.ndarray:
+    vals = [np.asarray(v, dtype=np.int64) for v in (x, y, z, registers)]
+    fits = np.logical_and.reduce([(v >= 0) & (v <= BLOCK_MAX) for v in vals])
+    x, y, z, r = vals
+    return np.where(fits, (x << 48) | (y << 32) | (z << 16) | r, -1)
+
+
+def unpack_shape(grid: int, block: int) -> dict | None:
+    """{"grid": [x, y, z], "block": [x, y, z], "registers_per_thread": r} of packed values; None when unknown."""
+    grid, block = int(grid), int(block)
+    if grid < 0 or block < 0:
+        return None
+    return {"grid": [grid >> 32, (grid >> 16) & 0xFFFF, grid & 0xFFFF],
+            "block": [block >> 48, (block >> 32) & 0xFFFF, (block >> 16) & 0xFFFF],
+            "registers_per_thread": block & 0xFFFF}
+
+
+def shape_label(shape: dict | None) -> str:
+    """A launch shape as people read it: `grid 2x66x1 block 384 regs 168` (block 128x2 when 2-D)."""
+    if shape is None:
+        return "shape not recorded"
+    block = shape["block"]
+    b = "x".join(str(v) for v in (block if block[2] != 1 else block[:2] if block[1] != 1 else block[:1]))
+    text = f"grid {'x'.join(str(v) for v in shape['grid'])} block {b} regs {shape['registers_per_thread']}"
+    gemm = shape.get("gemm")
+    if not gemm:
+        return text
+    return text + (f" M={gemm['m']}" if gemm.get("m") else "") + f" N={gemm['n']} K={gemm['k']}"
 
 
 def memop_name(code: int) -> str:

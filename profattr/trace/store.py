@@ -1,5 +1,5 @@
 """A capture's per-op arrays on disk, read window by window: what the budget needs from an Nsight Systems export
-(the reader's Ops, NVTX ranges, graph launches, node creation, the kernel-name strings), written once.
+(the reader's Ops with their launch shapes, NVTX ranges, graph launches, node creation, the kernel-name strings), written once.
 
 Building streams the export in windows of ops (in table order, which nsys writes sorted by start), joins each window
 to its launch calls through a sliding buffer of launch calls (calls run before their GPU work; a call that left the
@@ -29,8 +29,8 @@ from profattr.trace.reader import KERNEL, MEMCPY, MEMSET, RUNTIME, load_query
 FORMAT = "profattr.opstore/1"
 COLUMNS = {"start": np.int64, "end": np.int64, "device": np.int32, "launch_key": np.int64, "name_id": np.int32,
            "demangled_id": np.int32, "graph_node": np.int64, "stream": np.int32, "kind": np.int8,
-           "launch_tid": np.int64, "launch_ns": np.int64, "launched": np.bool_}
-DEFAULT_WINDOW_OPS = 1 << 19  # ops per window: about 35 MB of op arrays, a few times that while a window is worked
+           "launch_tid": np.int64, "launch_ns": np.int64, "launched": np.bool_, "grid": np.int64, "block": np.int64}
+DEFAULT_WINDOW_OPS = 1 << 19  # ops per window: about 43 MB of op arrays, a few times that while a window is worked
 MIN_LAUNCH_MARGIN_NS = 2_000_000_000  # launch calls kept this long (or 4x the longest lag seen) behind the window
 
 
@@ -328,7 +328,7 @@ def _write_short_names(folder: Path, rows: int, short, size: int = 1 << 22) -> N
 def _window_ops(block: np.ndarray, code: int) -> Ops:
     """One window's Ops, as nsys_tables.load_ops makes them (launch columns filled by the join, short names
     written at the end by _write_short_names)."""
-    start, end, device, packed, key, graph_node = (np.ascontiguousarray(c) for c in block)
+    start, end, device, packed, key, graph_node, grid, shape_block = (np.ascontiguousarray(c) for c in block)
     n = len(start)
     low = (packed & LOW32).astype(np.int32)
     if code == KIND_MEMCPY:
@@ -340,7 +340,8 @@ def _window_ops(block: np.ndarray, code: int) -> Ops:
     return Ops(start=start, end=end, device=device.astype(np.int32), launch_key=key, name_id=demangled_id,
                demangled_id=demangled_id, graph_node=graph_node, stream=(packed >> 32).astype(np.int32),
                kind=np.full(n, code, dtype=np.int8), launch_tid=np.full(n, -1, dtype=np.int64),
-               launch_ns=np.full(n, -1, dtype=np.int64), launched=np.zeros(n, dtype=bool))
+               launch_ns=np.full(n, -1, dtype=np.int64), launched=np.zeros(n, dtype=bool), grid=grid,
+               block=shape_block)
 
 
 class _LaunchStream:
