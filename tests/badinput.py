@@ -172,3 +172,120 @@ def assert_ok(proc, warning: str | None = None) -> str:
     else:
         assert len(lines) == 1 and lines[0].startswith("warning: ") and warning in lines[0], lines
     return proc.stdout.decode("utf-8")
+
+
+# --- round two: torch traces, ncu CSVs, run.json, config.json, ledgers ----------------------------------------
+
+GLM = ROOT / "examples" / "h200" / "glm5"
+REAL_NCU = GLM / "glm-drill-triton.ncu.csv"  # 15 launches of an interrupted drill (drill-report --accept-partial)
+REAL_RUN = GLM / "glm-triton-bs1-r1.run.json"  # an SGLang capture's run.json: requests, tp, model_config (GLM-5)
+REAL_GRAPH_EXPORT = REAL_EXPORT  # 19 cudaGraphLaunch replays of 140 node kernels (nsys node tracing)
+_cache: dict = {}
+
+
+def trace_doc() -> dict:
+    """The real torch trace, parsed (once per test process; each caller gets its own deep copy)."""
+    import copy
+    import gzip
+    import json
+
+    if "trace" not in _cache:
+        _cache["trace"] = json.loads(gzip.decompress(REAL_TRACE.read_bytes()))
+    return copy.deepcopy(_cache["trace"])
+
+
+def write_trace(folder: Path, doc, name: str = "t.trace.json.gz") -> Path:
+    """`doc` (a dict, a list of events, or raw bytes) as a trace file; gzip when the name ends in .gz."""
+    import gzip
+    import json
+
+    folder.mkdir(parents=True, exist_ok=True)
+    data = doc if isinstance(doc, bytes) else json.dumps(doc).encode()
+    out = folder / name
+    out.write_bytes(gzip.compress(data, mtime=0) if name.endswith(".gz") else data)
+    return out
+
+
+def ncu_rows() -> list:
+    """The real ncu CSV as rows of fields (header, units, one row per launch)."""
+    import csv
+
+    return [list(r) for r in csv.reader(REAL_NCU.read_text().splitlines())]
+
+
+def write_ncu(folder: Path, rows=None, raw: bytes | None = None, with_run: bool = True,
+              run_text: str | None = None) -> Path:
+    """A drill CSV (the real one, or `rows`, or `raw` bytes) named d.ncu.csv, with the drill's run.json beside it
+    (as d.run.json) unless `with_run` is False; `run_text` replaces that run.json's content."""
+    import csv
+    import io
+
+    folder.mkdir(parents=True, exist_ok=True)
+    out = folder / "d.ncu.csv"
+    if raw is None:
+        buf = io.StringIO()
+        csv.writer(buf, quoting=csv.QUOTE_ALL, lineterminator="\n").writerows(rows if rows is not None else ncu_rows())
+        raw = buf.getvalue().encode()
+    out.write_bytes(raw)
+    if with_run:
+        (folder / "d.run.json").write_text(run_text if run_text is not None else
+                                           REAL_NCU.with_name("glm-drill-triton.run.json").read_text())
+    return out
+
+
+def run_doc() -> dict:
+    import json
+
+    return json.loads(REAL_RUN.read_text())
+
+
+def capture_with_run(folder: Path, run, name: str = "capture") -> Path:
+    """A copy of the real export with `run` (a dict, or raw text) beside it as its run.json."""
+    import json
+
+    cap = copy_export(folder, f"{name}.sqlite")
+    (folder / f"{name}.run.json").write_text(run if isinstance(run, str) else json.dumps(run))
+    return cap
+
+
+def base_ledger() -> Path:
+    """A ledger holding one entry (the real export, added with `profattr ledger add`), made once per test process
+    in a temporary folder; copy it before damaging it."""
+    import atexit
+    import tempfile
+
+    if "ledger" not in _cache:
+        folder = Path(tempfile.mkdtemp(prefix="profattr-ledger-"))
+        atexit.register(shutil.rmtree, folder, True)
+        cap = copy_export(folder)
+        shutil.copyfile(REAL_EXPORT.with_name("sglang-triton-bs1.run.json"), folder / "capture.run.json")
+        proc = cli("ledger", "add", cap, "--ledger", folder / "ledger.db", "--label", "base")
+        assert proc.returncode == 0, proc.stderr
+        _cache["ledger"] = folder / "ledger.db"
+    return _cache["ledger"]
+
+
+def damaged_ledger(folder: Path, *statements: str) -> Path:
+    """A copy of base_ledger() with `statements` run on it (journal off: nothing left beside it)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    out = folder / "ledger.db"
+    shutil.copyfile(base_ledger(), out)
+    conn = sqlite3.connect(out)
+    for s in statements:
+        conn.execute(s)
+    conn.commit()
+    conn.close()
+    return out
+
+
+def zero_graph_correlations(path: Path) -> int:
+    """Give every kernel that a cudaGraphLaunch replayed a correlationId of 0, as newer nsys releases record the
+    kernels of graphs built before the capture; returns how many kernels changed."""
+    conn = sqlite3.connect(path)
+    n = conn.execute(
+        "UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET correlationId = 0 WHERE correlationId IN ("
+        "SELECT r.correlationId FROM CUPTI_ACTIVITY_KIND_RUNTIME AS r JOIN StringIds AS s ON s.id = r.nameId "
+        "WHERE s.value LIKE 'cudaGraphLaunch%')").rowcount
+    conn.commit()
+    conn.close()
+    return n

@@ -392,7 +392,8 @@ CASES = [
                                          f'rowid % 2 = 0'), WARNING, ("range end before start",)),
     Case("all-times-negative", budget(*(f'UPDATE {t} SET start = start - 100000000000, "end" = "end" - 100000000000'
                                         for t in (KERNEL, RUNTIME, NVTX, "CUPTI_ACTIVITY_KIND_MEMCPY",
-                                                  "CUDA_GRAPH_EVENTS"))), OK),
+                                                  "CUDA_GRAPH_EVENTS"))), WARNING,
+         ("outside the session nsys recorded",)),
     # --- correlation ids and NVTX ranges --------------------------------------------------------------------------
     Case("duplicate-correlation-ids", duplicate_launches, OK),
     Case("dangling-correlation-ids", budget(f"UPDATE {KERNEL} SET correlationId = correlationId + 1000000000 "
@@ -426,7 +427,7 @@ CASES = [
     Case("trace-hostile-names", trace_json(lambda d: _events(d, "kernel", lambda e: e.update(
         name="x\x1b[31m\nevil" + "y" * 1000), every=3)), OK),
     Case("trace-fifo", fifo("t.trace.json.gz"), ERROR, ("FIFO",)),
-    Case("trace-empty-file", trace_json(None, name="t.json", raw=b""), ERROR, ("not a SQLite file",)),
+    Case("trace-empty-file", trace_json(None, name="t.json", raw=b""), ERROR, ("the file is empty", "torch-profiler")),
     # --- rules files --------------------------------------------------------------------------------------------
     Case("rules-invalid-toml", rules('[[rule]]\nid = "x\n'), ERROR, ("mine.toml:2", "invalid TOML")),
     Case("rules-unknown-category", rules(RULE.format(category="gemm.fp3", pattern="^x")), ERROR,

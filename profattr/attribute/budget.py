@@ -233,6 +233,8 @@ def _require_work(export, budget: Budget, att: Attribution, claims) -> None:
     if budget.devices:
         return
     damaged = f" (and {claims.total()} damaged row(s) were skipped)" if claims is not None and claims.total() else ""
+    if len(att.ops) == 0 and claims is not None and getattr(claims, "why_no_work", None) and claims.why_no_work():
+        raise ProfattrError(claims.why_no_work())
     if len(att.ops) == 0:
         raise ProfattrError(f"{export.path}: no GPU work in the capture: no kernel, memcpy or memset rows{damaged}; "
                             "capture with `--trace=cuda` (and `--cuda-graph-trace=node`)")

@@ -157,16 +157,10 @@ def _is_budget_json(p: Path) -> bool:
 
 
 def _run_json(p: Path) -> dict | None:
-    from profattr import inputs
+    """The run.json beside a capture (validated: one that cannot be trusted is an error), or None."""
+    from profattr import run_record
 
-    cand = run_json_path(p)
-    if inputs.is_regular_file(cand):
-        try:
-            run = json.loads(inputs.read_text(cand, "a run.json"))
-        except (ProfattrError, ValueError, RecursionError):
-            return None
-        return run if isinstance(run, dict) else None
-    return None
+    return run_record.optional(run_json_path(p))
 
 
 def group(sides: list) -> Side:

@@ -90,8 +90,9 @@ def verdict(n: Mapping) -> Verdict:
     theoretical_occupancy_pct, ctas_per_sm, ctas_per_sm_limiter, dram_bytes_per_s."""
     dram, sm, mem = n["dram_throughput_pct"], n["sm_throughput_pct"], n["memory_throughput_pct"]
     ctas, sms, waves = n["grid_size"], n["sm_count"], n["waves_per_sm"]
-    occ = f"{n['achieved_occupancy_pct']:.1f}% achieved occupancy"
-    if n.get("theoretical_occupancy_pct") is not None:
+    occ = (f"{n['achieved_occupancy_pct']:.1f}% achieved occupancy" if n.get("achieved_occupancy_pct") is not None
+           else "occupancy not recorded (no Occupancy section)")
+    if n.get("achieved_occupancy_pct") is not None and n.get("theoretical_occupancy_pct") is not None:
         occ += f" of {n['theoretical_occupancy_pct']:.1f}% theoretical"
 
     def near(value: float, line: float) -> bool:
@@ -124,7 +125,10 @@ def verdict(n: Mapping) -> Verdict:
                    "bandwidth", line)
 
 
-def _stats(values: Sequence[float]) -> dict:
+def _stats(values: Sequence[Optional[float]]) -> Optional[dict]:
+    """min, median and max; None when a value is missing (a section the report was collected without)."""
+    if any(v is None for v in values):
+        return None
     return {"min": min(values), "median": statistics.median(values), "max": max(values)}
 
 
@@ -208,7 +212,7 @@ def families_of(kernels: Sequence, categories: Mapping[str, str],
     for (name, grid, block, _), ks in groups.items():
         stats = {f: _stats([getattr(k, f) for k in ks]) for f in STAT_FIELDS}
         first = ks[0]
-        numbers = {f: stats[f]["median"] for f in STAT_FIELDS}
+        numbers = {f: stats[f]["median"] if stats[f] else None for f in STAT_FIELDS}
         numbers.update(grid_size=first.grid_size, sm_count=first.sm_count,
                        waves_per_sm=statistics.median(k.waves_per_sm for k in ks), ctas_per_sm=first.ctas_per_sm,
                        ctas_per_sm_limiter=first.ctas_per_sm_limiter,
@@ -467,8 +471,14 @@ def analyse_drill(ncu, categories: Mapping[str, str], families: Mapping[str, Opt
                         "an nsys capture; shares of peak are what the verdicts use" if boost else ""))
     if peak:
         notes.append(f"DRAM peak {peak / 1e12:.2f} TB/s: ncu's own (bytes/s over the share of peak they are)")
+    missing = tuple(getattr(ncu, "missing_sections", ()))
+    if missing:
+        notes.append(f"collected without the {', '.join(missing)} section(s): occupancy not reported")
+    info = drill_info(ncu.run, len(kernels))
+    info["skipped_rows"] = {reason: n for reason, n in getattr(ncu, "skipped", ())}
+    info["missing_sections"] = list(missing)
     return DrillAnalysis(
-        csv=str(ncu.path), ncu_version=ncu.ncu_version, info=drill_info(ncu.run, len(kernels)), kernels=kernels,
+        csv=str(ncu.path), ncu_version=ncu.ncu_version, info=info, kernels=kernels,
         verdicts=[verdict(k.__dict__) for k in kernels], categories=dict(categories), families=fams, names=names,
         category_rows=category_rows(kernels, categories, floors or {}, measured_ms or {}, peak),
         peak_dram_bytes_per_s=peak, sm_clock_hz=statistics.median(clocks) if clocks else None, assumptions=notes)

@@ -3,7 +3,6 @@ NAME-TP-<rank>.trace.json.gz) or any nsys export / torch-profiler trace (then th
 skipped)."""
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,16 +29,9 @@ class Capture:
 
 def load_run(path: Path) -> dict:
     """A run.json written by `profattr capture`; ProfattrError when it is not one."""
-    from profattr import inputs
+    from profattr import run_record
 
-    text = inputs.read_text(path, "a run.json (NAME.run.json, written by `profattr capture`)")
-    try:
-        run = json.loads(text)
-    except (ValueError, RecursionError) as exc:
-        raise ProfattrError(f"{path}: not a readable run.json ({exc})") from None
-    if not isinstance(run, dict) or not str(run.get("schema", "")).startswith("profattr.run/"):
-        raise ProfattrError(f"{path}: not a profattr run file (schema profattr.run/1 expected)")
-    return run
+    return run_record.load(path, require_schema=True)
 
 
 def _capture_of_run(run_path: Path, run: dict) -> Path | None:

@@ -51,6 +51,18 @@ def check_graph_nodes(facts) -> Finding:
                    "--cuda-graph-trace=node", {"graph_launches": n_graph, "graph_node_kernels": 0})
 
 
+def check_replay_ids(source) -> Finding | None:
+    """Replayed graph ops recorded without a correlationId (newer nsys, graphs built before the capture): how many,
+    and how many reached their cudaGraphLaunch by replay order (trace/graph_replays.py). None when there are none."""
+    links = getattr(getattr(source, "claims", None), "replay_links", None)
+    if links is None:
+        return None
+    status = PASS if links.linked == links.ops else FAIL
+    return Finding("graph_replay_ids", status, links.sentence() + (
+        "" if status == PASS else "; capture again with an nsys that records their correlationId, or with the "
+        "graphs captured inside the window"), links.to_dict())
+
+
 def check_devices(run: dict | None, facts, gpus_listed: int) -> Finding:
     seen = [d["deviceId"] for d in facts.devices]
     processes = sum(d["processes"] for d in facts.devices)

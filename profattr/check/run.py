@@ -45,8 +45,11 @@ def evaluate(path, run: dict | None = None, twin=None) -> tuple:
         cuda = recording.traced_cuda(run, facts) is not False
         findings = [recording.check_kernels(run, facts)]
         if cuda:
-            findings += [recording.check_graph_nodes(facts),
-                         recording.check_devices(run, facts, len(source.gpus)),
+            findings.append(recording.check_graph_nodes(facts))
+            replay_ids = recording.check_replay_ids(source)  # only when replayed ops lack a correlationId
+            if replay_ids is not None:
+                findings.append(replay_ids)
+            findings += [recording.check_devices(run, facts, len(source.gpus)),
                          completeness.check_records(source),
                          completeness.check_window_coverage(ops, source),
                          completeness.check_steps_with_work(budget),

@@ -2,7 +2,6 @@
 entries (the `profattr diff` of their stored budgets and per-step rows) and a metric across entries."""
 from __future__ import annotations
 
-import json
 from typing import Optional, Sequence
 
 import pandas as pd
@@ -10,7 +9,7 @@ import pandas as pd
 from profattr.attribute.budget import SCHEMA as BUDGET_SCHEMA
 from profattr.attribute.diff import BOOTSTRAP_SAMPLES, Side, compute_diff
 from profattr.errors import ProfattrError
-from profattr.ledger.schema import TABLES, has_columns
+from profattr.ledger.schema import TABLES, checked, has_columns, ledger_path, stored_json
 
 JSON_COLUMNS = ("rules_files", "nvtx_placement", "comm_summary", "export_gpus", "backend_json", "server_resolved",
                 "server_args")
@@ -29,18 +28,24 @@ METRICS = {
 }
 
 
+def _rows(db, table: str, sql: str, params=()) -> list:
+    """The rows of a query on `table`, each checked against the schema (schema.checked): a damaged value is one
+    error naming the entry, never a wrong figure or a traceback further on."""
+    return [checked(db, table, r) for r in db.query(sql, list(params))]
+
+
 def entry_rows(db) -> list:
     """Every entry (all its columns), in insertion order."""
-    return list(db.query("SELECT * FROM entries ORDER BY id"))
+    return _rows(db, "entries", "SELECT * FROM entries ORDER BY id")
 
 
 def resolve_entry(db, ref, path) -> dict:
     """The entry addressed by `ref`: its number (id) or its label."""
     text = str(ref).strip()
     if text.isdigit():
-        rows = list(db.query("SELECT * FROM entries WHERE id = ?", [int(text)]))
+        rows = _rows(db, "entries", "SELECT * FROM entries WHERE id = ?", [int(text)])
     else:
-        rows = list(db.query("SELECT * FROM entries WHERE label = ?", [str(ref)]))
+        rows = _rows(db, "entries", "SELECT * FROM entries WHERE label = ?", [str(ref)])
     if rows:
         return rows[0]
     known = [f"{r['id']} {r['label']}" for r in db.query("SELECT id, label FROM entries ORDER BY id LIMIT 11")]
@@ -61,18 +66,20 @@ def budget_dict(db, entry: dict) -> dict:
     eid = entry["id"]
     extra = (", exclusive_ms_per_step, overlapped_ms_per_step"
              if has_columns(db, "categories", ("exclusive_ms_per_step", "overlapped_ms_per_step")) else "")
-    cats = _by_device(db.query(f"SELECT device, category, ms_per_step, count_per_step{extra} FROM categories "
-                               "WHERE entry_id = ? ORDER BY device, position", [eid]))
-    kernels = _by_device(db.query("SELECT device, name, demangled, category, family, ms_per_step, count_per_step "
-                                  "FROM kernels WHERE entry_id = ? ORDER BY device, position", [eid]))
+    cats = _by_device(_rows(db, "categories", f"SELECT device, category, ms_per_step, count_per_step{extra} "
+                                              "FROM categories WHERE entry_id = ? ORDER BY device, position", [eid]))
+    kernels = _by_device(_rows(db, "kernels", "SELECT device, name, demangled, category, family, ms_per_step, "
+                                              "count_per_step FROM kernels WHERE entry_id = ? ORDER BY device, "
+                                              "position", [eid]))
     shapes = _shapes_by_kernel(db, eid)
     short = ({r["device"]: r for r in db.query("SELECT * FROM short_kernels WHERE entry_id = ?", [eid])}
              if "short_kernels" in db.table_names() else {})
-    comm = {r["device"]: r for r in db.query("SELECT * FROM comm WHERE entry_id = ?", [eid])}
-    comm_cats = _by_device(db.query("SELECT device, category, collective_ms_per_step, wait_ms_per_step "
-                                    "FROM comm_categories WHERE entry_id = ? ORDER BY device, position", [eid]))
+    comm = {r["device"]: r for r in _rows(db, "comm", "SELECT * FROM comm WHERE entry_id = ?", [eid])}
+    comm_cats = _by_device(_rows(db, "comm_categories", "SELECT device, category, collective_ms_per_step, "
+                                                        "wait_ms_per_step FROM comm_categories WHERE entry_id = ? "
+                                                        "ORDER BY device, position", [eid]))
     devices = []
-    for d in db.query("SELECT * FROM devices WHERE entry_id = ? ORDER BY device", [eid]):
+    for d in _rows(db, "devices", "SELECT * FROM devices WHERE entry_id = ? ORDER BY device", [eid]):
         dev = d["device"]
         out = {k: d[k] for k in ("device", "steps", "step_ms", "mean_step_ms", "busy_ms_per_step", "idle_ms_per_step",
                                  "overlap_ms_per_step", "kernels_per_step", "memops_per_step")}
@@ -94,18 +101,19 @@ def budget_dict(db, entry: dict) -> dict:
         "schema": BUDGET_SCHEMA,
         "capture": {"path": entry["export_path"], "format": entry["capture_format"],
                     "nsys_version": entry["nsys_version"], "export_schema_version": entry["export_schema_version"],
-                    "profiler_version": entry["profiler_version"], "gpus": _loads(entry["export_gpus"]) or []},
+                    "profiler_version": entry["profiler_version"],
+                    "gpus": stored_json(db, "entries", entry, "export_gpus") or []},
         "steps": {"source": entry["steps_source"], "count": entry["steps_count"], "reason": entry["steps_reason"],
-                  "excluded": _loads(entry["steps_excluded"]) or {}},
+                  "excluded": stored_json(db, "entries", entry, "steps_excluded") or {}},
         "nvtx_context": entry["nvtx_context"],
         "devices": devices,
     }
     if entry.get("skipped_rows"):
-        budget["capture"]["skipped_rows"] = _loads(entry["skipped_rows"])
+        budget["capture"]["skipped_rows"] = stored_json(db, "entries", entry, "skipped_rows")
     if entry["nvtx_placement"] is not None:
-        budget["nvtx_placement"] = _loads(entry["nvtx_placement"])
+        budget["nvtx_placement"] = stored_json(db, "entries", entry, "nvtx_placement")
     if entry["comm_summary"] is not None:
-        budget["comm"] = _loads(entry["comm_summary"])
+        budget["comm"] = stored_json(db, "entries", entry, "comm_summary")
     return budget
 
 
@@ -146,13 +154,26 @@ def _drop_device(row: dict) -> dict:
     return {k: v for k, v in row.items() if k != "device"}
 
 
-def _loads(text):
-    return None if text is None else json.loads(text)
-
-
-def _frame(db, sql: str, eid: int, columns: Sequence[str]) -> Optional[pd.DataFrame]:
+def _frame(db, sql: str, eid: int, columns: Sequence[str], table: str = "",
+           nullable: Sequence[str] = ("exclusive_ns",)) -> Optional[pd.DataFrame]:
+    """The per-step rows of one entry as a frame; every column but `category` must hold integers (else one error
+    naming the entry: a damaged ledger), except that a `nullable` column (added to the schema later) may be all
+    NULL, in an entry added before it."""
     rows = db.execute(sql, [eid]).fetchall()
-    return pd.DataFrame(rows, columns=list(columns)) if rows else None
+    if not rows:
+        return None
+    frame = pd.DataFrame(rows, columns=list(columns))
+    for column in frame.columns:
+        if column == "category":
+            continue
+        values = frame[column]
+        if column in nullable and values.isna().all():
+            continue
+        if values.dtype.kind not in "iu":  # text, NULL or a float among the integers: not what the ledger writes
+            raise ProfattrError(f"{ledger_path(db)}: entry {eid}'s {table} rows hold a value that is not an integer "
+                                f"in {column}: the ledger is damaged; add the capture again into a new ledger "
+                                "(`profattr ledger add CAPTURE --ledger NEW.db`)")
+    return frame
 
 
 def entry_side(db, entry: dict) -> Side:
@@ -161,12 +182,13 @@ def entry_side(db, entry: dict) -> Side:
     eid = entry["id"]
     per_step = _frame(db, "SELECT device, step, start_ns, end_ns, span_ns, busy_ns, op_ns, kernel_count FROM steps "
                           "WHERE entry_id = ? ORDER BY device, step", eid,
-                      ["device", "step", "start_ns", "end_ns", "span_ns", "busy_ns", "op_ns", "kernels"])
+                      ["device", "step", "start_ns", "end_ns", "span_ns", "busy_ns", "op_ns", "kernels"], "steps")
     exclusive = has_columns(db, "step_categories", ("exclusive_ns",))
     per_step_category = _frame(db, "SELECT device, step, category, duration_ns, count"
                                    f"{', exclusive_ns' if exclusive else ''} FROM step_categories "
                                    "WHERE entry_id = ? ORDER BY device, step, category", eid,
-                               ["device", "step", "category", "ns", "count"] + (["exclusive_ns"] if exclusive else []))
+                               ["device", "step", "category", "ns", "count"] + (["exclusive_ns"] if exclusive else []),
+                               "step_categories")
     if per_step_category is not None and "exclusive_ns" in per_step_category:
         if per_step_category["exclusive_ns"].isna().any():  # an entry added before exclusive time was stored
             per_step_category = per_step_category.drop(columns="exclusive_ns")
@@ -174,8 +196,8 @@ def entry_side(db, entry: dict) -> Side:
             per_step_category["exclusive_ns"] = per_step_category["exclusive_ns"].astype("int64")
     per_step_comm = _frame(db, "SELECT device, step, category, collective_ns, wait_ns FROM step_comm "
                                "WHERE entry_id = ? ORDER BY device, step, category", eid,
-                           ["device", "step", "category", "collective_ns", "wait_ns"])
-    run = {"backend": _loads(entry["backend_json"])} if entry["run_json_path"] else None
+                           ["device", "step", "category", "collective_ns", "wait_ns"], "step_comm")
+    run = {"backend": stored_json(db, "entries", entry, "backend_json")} if entry["run_json_path"] else None
     return Side(entry["export_path"], budget_dict(db, entry), per_step, per_step_category, run, per_step_comm)
 
 
@@ -191,15 +213,16 @@ def compare(db, path, ref_a, ref_b, samples: int = BOOTSTRAP_SAMPLES, changed: O
 def list_rows(db) -> list:
     """Per entry: number, label, ms/token (unprofiled), and the slowest GPU's step time and largest categories."""
     devices: dict = {}
-    for d in db.query("SELECT entry_id, device, step_ms FROM devices ORDER BY entry_id, device"):
+    for d in _rows(db, "devices", "SELECT entry_id, device, step_ms FROM devices ORDER BY entry_id, device"):
         devices.setdefault(d["entry_id"], []).append(d)
     out = []
     for e in entry_rows(db):
         slowest = max(devices.get(e["id"], []), key=lambda d: d["step_ms"], default=None)
         top = []
         if slowest is not None:
-            top = list(db.query("SELECT category, ms_per_step FROM categories WHERE entry_id = ? AND device = ? "
-                                "ORDER BY position LIMIT ?", [e["id"], slowest["device"], TOP_CATEGORIES]))
+            top = _rows(db, "categories", "SELECT category, ms_per_step FROM categories WHERE entry_id = ? AND "
+                                          "device = ? ORDER BY position LIMIT ?",
+                        [e["id"], slowest["device"], TOP_CATEGORIES])
         out.append({"id": e["id"], "label": e["label"], "ms_per_token": e["ms_per_token_unprofiled"],
                     "gpus": len(devices.get(e["id"], [])), "device": slowest["device"] if slowest else None,
                     "step_ms": slowest["step_ms"] if slowest else None, "top_categories": top,
@@ -209,11 +232,12 @@ def list_rows(db) -> list:
 
 def show(db, entry: dict) -> dict:
     """One entry in full: its columns (JSON ones decoded), GPUs, packages and budget."""
-    facts = {k: (_loads(v) if k in JSON_COLUMNS else v) for k, v in entry.items()}
+    facts = {k: (stored_json(db, "entries", entry, k) if k in JSON_COLUMNS else v) for k, v in entry.items()}
     gpus = [{k: v for k, v in g.items() if k != "entry_id"}
-            for g in db.query("SELECT * FROM gpus WHERE entry_id = ? ORDER BY position", [entry["id"]])]
+            for g in _rows(db, "gpus", "SELECT * FROM gpus WHERE entry_id = ? ORDER BY position", [entry["id"]])]
     packages = {p["package"]: p["version"] for p in
-                db.query("SELECT package, version FROM packages WHERE entry_id = ? ORDER BY package", [entry["id"]])}
+                _rows(db, "packages", "SELECT package, version FROM packages WHERE entry_id = ? ORDER BY package",
+                      [entry["id"]])}
     return {"schema": ENTRY_SCHEMA, "entry": facts, "gpus": gpus, "packages": packages,
             "budget": budget_dict(db, entry)}
 
@@ -244,6 +268,9 @@ def trend(db, metric: str, path) -> list:
     out, first = [], {}
     for r in rows:
         value = r["value"]
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise ProfattrError(f"{path}: entry {r['id']}'s {metric} holds {str(value)[:40]!r}, not a number: the "
+                                "ledger is damaged; add the capture again into a new ledger")
         if value is not None:
             first.setdefault(r["device"], value)
         base = first.get(r["device"])

@@ -119,6 +119,69 @@ def has_columns(db, table: str, names) -> bool:
     return all(n in have for n in names)
 
 
+# entries columns that hold JSON text, and what it must decode to
+JSON_COLUMNS = {"rules_files": (list,), "nvtx_placement": (dict,), "comm_summary": (dict,), "export_gpus": (list,),
+                "backend_json": (dict,), "server_resolved": (dict,), "server_args": (dict, list),
+                "steps_excluded": (dict,), "skipped_rows": (dict,)}
+_TYPE_NAMES = {int: "an integer", float: "a number", str: "text"}
+
+
+def ledger_path(db) -> str:
+    """The file a ledger connection reads (for messages)."""
+    try:
+        return next((row[2] for row in db.conn.execute("PRAGMA database_list") if row[1] == "main"), "the ledger")
+    except sqlite3.Error:
+        return "the ledger"
+
+
+def _damaged(db, table: str, row: dict, column: str, what: str) -> ProfattrError:
+    entry = row.get("entry_id", row.get("id")) if table != "entries" else row.get("id")
+    return ProfattrError(f"{ledger_path(db)}: entry {entry}'s {table}.{column} {what}: the ledger is damaged; add "
+                         "the capture again into a new ledger (`profattr ledger add CAPTURE --ledger NEW.db`)")
+
+
+def checked(db, table: str, row: dict) -> dict:
+    """`row` of `table` as read, after checking every value the schema knows against its type (an integer where
+    the schema says integer, a finite number where it says number, text) and every JSON column for being JSON of
+    its kind (`stored_json` decodes those). A value that is not what the schema says is one ProfattrError naming the
+    entry and the column."""
+    columns = TABLES[table][0]
+    for column, value in row.items():
+        want = columns.get(column)
+        if want is None or value is None:
+            continue
+        if want is float:
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value == value \
+                and abs(value) != float("inf")
+        else:
+            ok = isinstance(value, want) and not isinstance(value, bool)
+        if not ok:
+            raise _damaged(db, table, row, column, f"holds {str(value)[:40]!r}, not {_TYPE_NAMES[want]}")
+    if table == "entries":
+        for column in JSON_COLUMNS:
+            stored_json(db, table, row, column)
+    return row
+
+
+def stored_json(db, table: str, row: dict, column: str):
+    """The JSON a row's column stores, decoded (None for NULL); a ProfattrError naming the entry when it is not
+    JSON of the kind the column holds."""
+    import json
+
+    text = row.get(column)
+    if text is None:
+        return None
+    try:
+        value = json.loads(text) if isinstance(text, str) else None
+    except (ValueError, RecursionError) as exc:
+        raise _damaged(db, table, row, column, f"is not readable JSON ({exc})") from None
+    kinds = JSON_COLUMNS.get(column, (dict, list))
+    if not isinstance(value, kinds):
+        raise _damaged(db, table, row, column, f"holds {str(text)[:40]!r}, not a JSON "
+                       f"{' or '.join('object' if k is dict else 'array' for k in kinds)}")
+    return value
+
+
 def default_path() -> Path:
     """$PROFATTR_LEDGER, else $XDG_DATA_HOME/profattr/ledger.db, else ~/.local/share/profattr/ledger.db."""
     if os.environ.get("PROFATTR_LEDGER"):

@@ -144,6 +144,63 @@ def _rank_fraction(sharding: str, tp: int, num_kv_heads: int) -> float:
     return 1.0  # replicated; one_row (the owning rank reads the whole row)
 
 
+# --- config.json: the architecture fields, validated in one place --------------------------------------------
+
+# field -> smallest value it may take (widths, heads, layers, vocabulary: at least 1; counts that may be 0: 0)
+CONFIG_INTEGERS = {
+    "hidden_size": 1, "num_hidden_layers": 1, "vocab_size": 1, "num_attention_heads": 1, "num_key_value_heads": 1,
+    "intermediate_size": 1, "moe_intermediate_size": 1, "head_dim": 1, "kv_lora_rank": 1, "q_lora_rank": 1,
+    "qk_nope_head_dim": 1, "qk_rope_head_dim": 0, "v_head_dim": 1, "n_routed_experts": 0, "num_experts": 0,
+    "n_shared_experts": 0, "num_experts_per_tok": 1, "first_k_dense_replace": 0, "moe_layer_freq": 1,
+    "decoder_sparse_step": 1, "shared_expert_intermediate_size": 0, "index_topk": 1, "index_n_heads": 1,
+    "index_head_dim": 1,
+}
+
+
+def _config_error(source: str, text: str) -> ProfattrError:
+    return ProfattrError(f"{source}: {text}; correct the config.json (the checkpoint's own says what the model is)")
+
+
+def validate_config(config: Dict[str, Any], source: str = "config.json") -> None:
+    """ProfattrError unless the architecture fields of a config.json are what a model can have: positive integers
+    for widths, heads, layers and the vocabulary (0 or more for counts such as shared experts), no booleans or
+    strings for numbers, and the relations between them (the attention heads a multiple of the KV heads, the
+    hidden size split evenly over the heads when no head_dim is given, no more experts chosen per token than
+    there are). The quantization_config is not looked at here."""
+    if not isinstance(config, dict):
+        raise _config_error(source, "not a JSON object")
+    if config.get("model_type") is not None and not isinstance(config.get("model_type"), str):
+        raise _config_error(source, f"model_type is {json.dumps(config['model_type'])[:40]}, expected text")
+    for name, least in CONFIG_INTEGERS.items():
+        value = config.get(name)
+        if value is None:
+            continue
+        if isinstance(value, float) and value.is_integer() and not isinstance(value, bool):
+            value = int(value)  # 4096.0: a number JSON wrote with a point
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _config_error(source, f"{name} is {json.dumps(value)[:40]}, expected an integer")
+        if value < least:
+            raise _config_error(source, f"{name} is {value}, expected {'a positive integer' if least else '0 or more'}")
+    heads, kv_heads = config.get("num_attention_heads"), config.get("num_key_value_heads")
+    if heads and kv_heads and heads % kv_heads:
+        raise _config_error(source, f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
+    hidden = config.get("hidden_size")
+    if heads and hidden and config.get("head_dim") is None and config.get("kv_lora_rank") is None and hidden % heads:
+        raise _config_error(source, f"hidden_size {hidden} is not split evenly over {heads} attention heads (and no "
+                            "head_dim is given)")
+    experts = config.get("n_routed_experts", config.get("num_experts"))
+    top_k = config.get("num_experts_per_tok")
+    if experts and top_k and top_k > experts:
+        raise _config_error(source, f"num_experts_per_tok {top_k} is more than the {experts} routed experts")
+    layers_list = config.get("mlp_only_layers")
+    if layers_list is not None and not (isinstance(layers_list, list) and all(
+            isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in layers_list)):
+        raise _config_error(source, "mlp_only_layers is not a list of layer numbers")
+    tied = config.get("tie_word_embeddings")
+    if tied is not None and not isinstance(tied, bool):
+        raise _config_error(source, f"tie_word_embeddings is {json.dumps(tied)[:40]}, expected true or false")
+
+
 # --- building specs ----------------------------------------------------------------------------------------
 
 def _check_tp(layout: architectures.Layout, tp: int) -> None:
@@ -172,7 +229,9 @@ def spec_from_config(config: Dict[str, Any], *, quant: str, tp: int, context_len
     dsa_runs: whether the DSA indexer runs (None: it runs when the architecture has one).
     batch: sequences per step; weights are read once per step, KV, indexer keys, logits and FLOPs scale with it.
     """
-    layout = architectures.derive(config, indexer_full_layers)
+    validate_config(config, source)
+    sizes = {k: int(v) if k in CONFIG_INTEGERS and isinstance(v, float) else v for k, v in config.items()}
+    layout = architectures.derive(sizes, indexer_full_layers)
     _check_tp(layout, tp)
     if context_len < 0:
         raise ProfattrError(f"--context must be 0 or more tokens (got {context_len})")
@@ -186,7 +245,7 @@ def spec_from_config(config: Dict[str, Any], *, quant: str, tp: int, context_len
     if quantization is not None:
         from profattr.limits.quantization import price
 
-        priced, unmatched = price(config, quantization,
+        priced, unmatched = price(sizes, quantization,
                                   [(c.name, c.params_total, c.params_per_token) for c in layout.components])
         warnings += [f"quantization_config ignore pattern {p!r} matches no module of this {layout.model_type} "
                      "model; check the module names (e.g. model.layers.0.self_attn.q_a_proj, lm_head)"

@@ -11,7 +11,7 @@ from dataclasses import replace
 from typing import List, Mapping, Optional, Tuple, Any
 
 from profattr.errors import ProfattrError
-from profattr.limits.model import ModelSpec, quant_schemes, spec_from_config
+from profattr.limits.model import ModelSpec, quant_schemes, spec_from_config, validate_config
 from profattr.limits.quantization import Quantization, parse, scheme_name
 
 _KV_DTYPES = {"auto": None, "bf16": "bf16", "bfloat16": "bf16", "fp16": "bf16", "float16": "bf16",
@@ -66,6 +66,7 @@ def spec_from_run(run: Mapping[str, Any], *, source: str, tp: Optional[int], con
         served = f" (it served {run['model']})" if run.get("model") else ""
         raise ProfattrError(f"{source}: records neither a `workload` nor the model's config.json{served}; pass "
                             "--model (a preset or config.json) and --quant")
+    validate_config(config, f"{source} model_config")  # an impossible architecture: one error naming the field
     recorded_tp = run.get("tp") if isinstance(run.get("tp"), int) and run["tp"] > 0 else None
     if tp and recorded_tp and tp != recorded_tp:
         raise ProfattrError(f"--tp {tp} disagrees with the tp {recorded_tp} {source} recorded")

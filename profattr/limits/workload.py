@@ -10,7 +10,6 @@ model) and `kv_cache_bytes_read_per_step`.
 """
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -46,14 +45,10 @@ def load_run_json(path: Path) -> Dict[str, Any]:
 
     if not os.path.lexists(path):
         raise ProfattrError(f"{path}: no such file; pass --run-json or --model")
-    text = inputs.read_text(path, "a run.json (NAME.run.json, written by `profattr capture`)")
-    try:
-        data = json.loads(text)
-    except (ValueError, RecursionError) as exc:
-        raise ProfattrError(f"{path}: cannot read it as JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise ProfattrError(f"{path}: expected a JSON object (profattr.run/1)")
-    return data
+    from profattr import run_record
+
+    inputs.regular_file(path, run_record.WHAT)
+    return run_record.load(path)
 
 
 def _config_value(config: Dict[str, Any], key: str) -> Optional[int]:

@@ -156,33 +156,38 @@ def render_csv(budget: dict) -> str:
     budget = clean_tree(budget)
     buf = io.StringIO()
     w = csv.writer(buf)
-    w.writerow(["device", "row", "category", "name", "ms_per_step", "count_per_step", "exclusive_ms_per_step",
-                "overlapped_ms_per_step", "share"])
+    header = ["device", "row", "category", "name", "ms_per_step", "count_per_step", "exclusive_ms_per_step",
+              "overlapped_ms_per_step", "share"]
+    w.writerow(header)
+
+    def row(values: list) -> None:  # every row as wide as the header: empty where a row kind has no value
+        w.writerow(values + [""] * (len(header) - len(values)))
+
     for d in budget["devices"]:
-        w.writerow([d["device"], "step", "", "", d["step_ms"], ""])
-        w.writerow([d["device"], "busy", "", "", d["busy_ms_per_step"], ""])
-        w.writerow([d["device"], "idle", "", "", d["idle_ms_per_step"], "", "", "", idle_share(d)])
+        row([d["device"], "step", "", "", d["step_ms"], ""])
+        row([d["device"], "busy", "", "", d["busy_ms_per_step"], ""])
+        row([d["device"], "idle", "", "", d["idle_ms_per_step"], "", "", "", idle_share(d)])
         for c in d["categories"]:
-            w.writerow([d["device"], "category", c["category"], "", c["ms_per_step"], c["count_per_step"],
+            row([d["device"], "category", c["category"], "", c["ms_per_step"], c["count_per_step"],
                         exclusive_ms(c), overlapped_ms(c), category_share(c, d)])
         for k in d["kernels"]:
-            w.writerow([d["device"], "kernel", k["category"], k["demangled"], k["ms_per_step"], k["count_per_step"]])
+            row([d["device"], "kernel", k["category"], k["demangled"], k["ms_per_step"], k["count_per_step"]])
             for sh in k.get("shapes") or []:  # its launch shapes, after it (they sum to it)
-                w.writerow([d["device"], "kernel_shape", k["category"], f"{k['demangled']} [{sh['label']}]",
+                row([d["device"], "kernel_shape", k["category"], f"{k['demangled']} [{sh['label']}]",
                             sh["ms_per_step"], sh["count_per_step"]])
         short = d.get("short_kernels")
         if short:
-            w.writerow([d["device"], "short_kernels", "", f"under {short['under_us']:g} us", short["ms_per_step"],
+            row([d["device"], "short_kernels", "", f"under {short['under_us']:g} us", short["ms_per_step"],
                         short["count_per_step"]])
         for layer in d.get("layers") or []:
             name = layer_name(layer["layer"])
-            w.writerow([d["device"], "layer", "", name, layer["ms_per_step"], layer["count_per_step"]])
+            row([d["device"], "layer", "", name, layer["ms_per_step"], layer["count_per_step"]])
             for c in layer["categories"]:
-                w.writerow([d["device"], "layer_category", c["category"], name, c["ms_per_step"],
+                row([d["device"], "layer_category", c["category"], name, c["ms_per_step"],
                             c["count_per_step"]])
         if d.get("comm"):
             for key in ("collective", "transfer", "wait"):
-                w.writerow([d["device"], f"comm_{key}", "", "", d["comm"][f"{key}_ms_per_step"], ""])
+                row([d["device"], f"comm_{key}", "", "", d["comm"][f"{key}_ms_per_step"], ""])
     return buf.getvalue()
 
 

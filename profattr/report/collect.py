@@ -3,7 +3,6 @@ of every capture against the first. The renderers (markdown.py, charts.py) take 
 """
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -98,19 +97,13 @@ def group_name(cap: "CaptureReport") -> str:
 
 def read_run(path: Path):
     """(run dict or None, run.json path shown, note)."""
+    from profattr import run_record
     from profattr.trace.reader import run_json_path
 
-    from profattr import inputs
-
-    run_path = run_json_path(path)
-    if not inputs.is_regular_file(run_path):
-        return None, None, f"no {run_path.name} beside the capture: commands, versions and lint are unknown"
-    try:
-        run = json.loads(inputs.read_text(run_path, "a run.json"))
-    except (ProfattrError, ValueError, RecursionError) as exc:
-        return None, str(run_path), f"{run_path.name} is not readable JSON ({exc})"
-    if not isinstance(run, dict):
-        return None, str(run_path), f"{run_path.name} is not a JSON object"
+    run, run_path = run_record.beside(path)  # one there that cannot be trusted is an error
+    if run is None:
+        return None, None, (f"no {run_json_path(path).name} beside the capture: commands, versions and lint are "
+                            "unknown")
     return run, str(run_path), None
 
 

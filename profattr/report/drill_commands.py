@@ -30,13 +30,9 @@ def _capture_for(csv_path: Path, given):
     given = Path(given)
     budget = compute_budget(given).to_dict()
     run_path = given.with_name(given.name.rsplit(".", 1)[0] + ".run.json")
-    from profattr import inputs
+    from profattr import run_record
 
-    try:
-        run = json.loads(inputs.read_text(run_path, "a run.json")) if inputs.is_regular_file(run_path) else None
-    except (ProfattrError, ValueError, RecursionError):
-        run = None
-    return budget, run if isinstance(run, dict) else None
+    return budget, run_record.optional(run_path)
 
 
 @click.command("drill-report")

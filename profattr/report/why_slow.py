@@ -200,9 +200,15 @@ def _us(ns: float) -> str:
     return f"{ns / 1e3:.1f}"
 
 
-def _range(stats: dict, fmt: str, scale: float = 1.0) -> str:
+def _range(stats: Optional[dict], fmt: str, scale: float = 1.0) -> str:
+    if stats is None:  # not collected (a section the report lacks)
+        return "n/a"
     lo, mid, hi = (format(stats[k] * scale, fmt) for k in ("min", "median", "max"))
     return mid if lo == hi else f"{mid} ({lo}-{hi})"
+
+
+def _pct(value: Optional[float]) -> str:
+    return "n/a" if value is None else f"{value:.1f}"
 
 
 def _grid(v) -> str:
@@ -215,7 +221,8 @@ def family_rows(a: dict) -> list:
     rows = []
     for f in a["families"]:
         theo = f.get("theoretical_occupancy_pct")
-        occ = _range(f["achieved_occupancy_pct"], ".1f") + (f" / {theo:.1f}" if theo is not None else "")
+        occ = _range(f["achieved_occupancy_pct"], ".1f") + (f" / {theo:.1f}" if theo is not None and
+                                                            f["achieved_occupancy_pct"] else "")
         verdict = f["verdict"]["title"] + (" (borderline)" if f["verdict"]["borderline"] else "")
         if len(f["launch_verdicts"]) > 1:
             verdict += " (median; mixed launches)"
@@ -237,7 +244,7 @@ def kernel_rows(a: dict) -> list:
     return [[str(k["id"]), k["short_name"], _grid(k["grid"]), str(k["grid_size"]), _grid(k["block"]),
              _us(k["duration_ns"]), f"{k['dram_bytes'] / 1e6:.2f}", f"{k['dram_throughput_pct']:.1f}",
              f"{k['sm_throughput_pct']:.1f}", f"{k['memory_throughput_pct']:.1f}",
-             f"{k['achieved_occupancy_pct']:.1f}", f"{k['waves_per_sm']:.2f}", str(k["registers_per_thread"]),
+             _pct(k["achieved_occupancy_pct"]), f"{k['waves_per_sm']:.2f}", str(k["registers_per_thread"]),
              k["verdict"]["title"]] for k in a["kernels"]]
 
 

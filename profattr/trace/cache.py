@@ -23,7 +23,7 @@ import numpy as np
 
 from profattr.trace import store as opstore
 
-READER_VERSION = "2"  # 2: ops carry their launch shape (grid, block, registers)
+READER_VERSION = "3"  # 2: ops carry their launch shape (grid, block, registers); 3: and replays linked by graph
 DEFAULT_MAX_MB = 4096
 HASH_BYTES = 1 << 20
 
@@ -76,6 +76,11 @@ class StoreSource:
         self.nsys_version = store.meta.get("nsys_version")
         self.schema_version = store.meta.get("schema_version")
         self.gpus = store.meta.get("gpus") or []
+        links = store.meta.get("replay_links")
+        if links is not None and getattr(export.claims, "replay_links", None) is None:  # a warm run says it again
+            from profattr.trace import graph_replays, nsys_tables
+
+            nsys_tables.note_replay_links(export, graph_replays.ReplayLinks.from_dict(links))
 
     @property
     def tool_version(self):

@@ -81,9 +81,18 @@ class _Buffer:
 
 def members(fh: IO[str], stream: str) -> Iterator[tuple]:
     """(key, value) of each top-level member; for `stream`, value is an iterator over the array's elements (it
-    must be consumed before the next member is read)."""
+    must be consumed before the next member is read). A document that is an array, not an object (the Chrome
+    trace format's other form: the events alone), is one member, `stream`."""
     buf = _Buffer(fh)
-    buf.expect("{")
+    if buf.skip_ws() == "[":
+        elements = _elements(buf)
+        yield stream, elements
+        for _ in elements:
+            pass
+        if buf.skip_ws():
+            raise JSONStreamError(f"text after the array at character {buf.consumed + buf.pos}")
+        return
+    buf.expect("{[")  # '[' was taken above: an error here names both forms
     if buf.skip_ws() == "}":
         buf.pos += 1
         return

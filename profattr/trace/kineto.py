@@ -135,9 +135,12 @@ class KinetoTrace:
         for index, f in enumerate(self.files):
             self._read(index, f)
         self._check_ranks()
-        self.claims = Claims(self.path, None, names=TORCH_NAMES, skipped={
-            "trace events": {**self.skipped, "rows": sum(self.skipped.values())}} if self.skipped else None)
         if not len(self._gpu.cols["start"]):
+            damaged = sum(n for why, n in self.skipped.items() if why.split()[0] in GPU_CATS)
+            if damaged:
+                raise ProfattrError(f"{self.path}: every one of its {damaged} GPU events lacks the fields a GPU op "
+                                    "needs (ts, dur, args.device, args.correlation as numbers): the trace is "
+                                    "damaged; copy it again, or profile again")
             raise ProfattrError(f"{self.path}: a torch-profiler trace without GPU events: it was profiled without "
                                 "GPU activity; capture with activities CPU and GPU (SGLang: /start_profile "
                                 "{\"activities\": [\"CPU\", \"GPU\"]}, or `profattr capture --profiler torch`; "
@@ -145,10 +148,12 @@ class KinetoTrace:
         self.schema_version = str(self.meta.get("schemaVersion")) if "schemaVersion" in self.meta else None
         self.tool_version = (f"torch profiler trace schema {self.schema_version}, CUPTI "
                              f"{self.meta.get('cupti_version')}, CUDA runtime {self.meta.get('cuda_runtime_version')}")
-        self._gpu_arrays = self._gpu.arrays()
-        self._api_arrays = self._api.arrays()
-        self._range_arrays = self._ranges.arrays()
+        self._gpu_arrays = self._unique(self._gpu.arrays(), "GPU events")
+        self._api_arrays = self._unique(self._api.arrays(), "CUDA API events")
+        self._range_arrays = self._unique(self._ranges.arrays(), "user_annotation events")
         del self._gpu, self._api, self._ranges
+        self.claims = Claims(self.path, None, names=TORCH_NAMES, skipped={
+            "trace events": {**self.skipped, "rows": sum(self.skipped.values())}} if self.skipped else None)
         self.claims.window(self._gpu_arrays["start"])  # the time range, from the GPU work, before anything asks
 
     # --- reading ------------------------------------------------------------------------------------------------
@@ -158,13 +163,32 @@ class KinetoTrace:
             i = self.names[name] = len(self.names)
         return i
 
+    def _unique(self, arrays: dict, what: str) -> dict:
+        """`arrays` without exact repeats of an event (every field equal: the same op written twice, as a trace
+        concatenated with itself has it), which would count its time twice; the repeats are counted as skipped."""
+        n = len(arrays["start"])
+        if n < 2:
+            return arrays
+        table = np.ascontiguousarray(np.stack(list(arrays.values()), axis=1))
+        rows = table.view(np.dtype((np.void, table.dtype.itemsize * table.shape[1]))).reshape(-1)
+        _, first = np.unique(rows, return_index=True)
+        if len(first) == n:
+            return arrays
+        self.skipped[f"{what} repeated exactly (the same event twice)"] = n - len(first)
+        keep = np.sort(first)
+        return {k: v[keep] for k, v in arrays.items()}
+
     def _skip(self, why: str) -> None:
         self.skipped[why] = self.skipped.get(why, 0) + 1
 
     def _read(self, index: int, path: Path) -> None:
+        inputs.regular_file(path, "a torch-profiler trace (*.trace.json.gz)")
         try:
             with path.open("rb") as probe:
                 head = probe.read(2)
+            if not head:
+                raise ProfattrError(f"{path}: the file is empty, not a torch-profiler trace; copy the trace again "
+                                    "(SGLang writes it when the profiled window closes)")
             opener = gzip.open if head == b"\x1f\x8b" else open
             with opener(path, "rt", encoding="utf-8", errors="replace") as fh:
                 seen_events = False
@@ -182,7 +206,8 @@ class KinetoTrace:
         except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
             raise ProfattrError(f"{path}: a truncated or damaged gzip file ({exc}); copy the trace again") from None
         except JSONStreamError as exc:
-            raise ProfattrError(f"{path}: not a readable trace: {exc}") from None
+            raise ProfattrError(f"{path}: not a readable trace: {exc}; give a torch-profiler trace (Chrome trace "
+                                "JSON, .json or .json.gz), copied again whole") from None
         except RecursionError:
             raise ProfattrError(f"{path}: not a readable trace: JSON nested too deeply") from None
         except OSError as exc:

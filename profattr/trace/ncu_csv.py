@@ -7,6 +7,13 @@ value is converted by its column's unit into the unit its field is named for (`d
 `dram_bytes_per_s`). `read_ncu_csv` returns an `NcuCsv` of `NcuKernel`s, or raises ProfattrError naming what is
 wrong: a missing column (with the section that collects it), no kernel rows, a truncated or foreign file.
 
+One place validates the format: a byte-order mark is ignored; a kernel row that cannot be trusted (fields missing or
+extra, text where a number belongs, no value where the verdicts need one, a negative count or duration) is left
+out, counted in `skipped` and said in one `warning:` line (so is a row repeating an earlier row's kernel ID), and
+only a file with no usable row is an error. The
+Occupancy section is optional: without it occupancy is not reported (the verdicts need none of it) and
+`missing_sections` says so.
+
 DRAM bytes: ncu 2025.3.1's four drill sections (SpeedOfLight, MemoryWorkloadAnalysis, LaunchStats, Occupancy)
 record no byte count, only `dram__bytes.sum.per_second` (read + write) and `gpu__time_duration.sum`; their product
 is the bytes. Where a CSV has `dram__bytes_read.sum` and `dram__bytes_write.sum` (other sections or --metrics),
@@ -15,13 +22,13 @@ their sum is used instead; `dram_bytes_source` says which.
 from __future__ import annotations
 
 import csv
-import json
+import math
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
-from profattr.errors import ProfattrError
+from profattr.errors import ProfattrError, warn
 
 SCHEMA_SECTIONS = ("SpeedOfLight", "MemoryWorkloadAnalysis", "LaunchStats", "Occupancy")
 TESTED_VERSION = "2025.3.1"
@@ -45,10 +52,13 @@ REQUIRED = {
     "sm_throughput_pct": ("sm__throughput.avg.pct_of_peak_sustained_elapsed", "SpeedOfLight"),
     "memory_throughput_pct": ("gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed", "SpeedOfLight"),
     "dram_bytes_per_s": ("dram__bytes.sum.per_second", "MemoryWorkloadAnalysis"),
-    "achieved_occupancy_pct": ("sm__warps_active.avg.pct_of_peak_sustained_active", "Occupancy"),
     "sm_count": ("device__attribute_multiprocessor_count", None),
 }
+# sections a report may lack: their columns are read when there, and said missing when not
+OPTIONAL_SECTIONS = {"Occupancy": ("sm__warps_active.avg.pct_of_peak_sustained_active",
+                                   "sm__maximum_warps_per_active_cycle_pct")}
 OPTIONAL = {
+    "achieved_occupancy_pct": "sm__warps_active.avg.pct_of_peak_sustained_active",  # Occupancy
     "theoretical_occupancy_pct": "sm__maximum_warps_per_active_cycle_pct",  # Occupancy
     "cluster_size": "launch__cluster_size",  # LaunchStats, 0 when the launch has no clusters
     "sm_clock_hz": "gpc__cycles_elapsed.avg.per_second",  # SpeedOfLight: the clock ncu ran the GPU at
@@ -87,7 +97,7 @@ class NcuKernel:
     dram_throughput_pct: float  # % of peak sustained DRAM throughput
     sm_throughput_pct: float  # SpeedOfLight's Compute (SM) throughput, % of peak
     memory_throughput_pct: float  # SpeedOfLight's Memory throughput: the busiest of DRAM, L2, L1, % of peak
-    achieved_occupancy_pct: float  # active warps per SM, % of the SM's maximum
+    achieved_occupancy_pct: Optional[float]  # active warps per SM, % of the SM's maximum (None: no Occupancy)
     theoretical_occupancy_pct: Optional[float]
     waves_per_sm: float  # CTAs / (CTAs the GPU holds at once)
     ctas_per_sm: Optional[int]  # CTAs one SM holds at once (the smallest occupancy limit), when recorded
@@ -114,6 +124,20 @@ class NcuCsv:
     ncu_version: Optional[str]
     run: Optional[dict]
     run_path: Optional[Path]
+    skipped: tuple = ()  # (reason, rows) of the kernel rows left out
+    missing_sections: tuple = ()  # optional sections the report was collected without
+
+    @property
+    def skipped_rows(self) -> int:
+        return sum(n for _, n in self.skipped)
+
+
+class DamagedRow(ValueError):
+    """A kernel row that cannot be trusted; the message says why (the reason it is counted under)."""
+
+    def __init__(self, reason: str, detail: str):
+        super().__init__(reason)
+        self.reason, self.detail = reason, detail
 
 
 class NoKernelsError(ProfattrError):
@@ -146,16 +170,11 @@ def run_json_for(csv_path: Path) -> Path:
 
 def load_drill_run(csv_path: Path) -> tuple:
     """(run dict or None, its path or None): the drill's run.json beside the CSV, if readable."""
-    from profattr import inputs
+    from profattr import run_record
 
     path = run_json_for(csv_path)
-    if not inputs.is_regular_file(path):
-        return None, None
-    try:
-        run = json.loads(inputs.read_text(path, "a run.json"))
-    except (ProfattrError, ValueError, RecursionError):
-        return None, None
-    return (run, path) if isinstance(run, dict) else (None, None)
+    run = run_record.optional(path)  # one there that cannot be trusted is an error, not an unknown drill
+    return (run, path) if run is not None else (None, None)
 
 
 def _version_text(run: Optional[dict]) -> str:
@@ -218,6 +237,8 @@ def _rows(path: Path) -> list:
     if b"\x00" in raw[:4096]:
         raise ProfattrError(f"{path}: a binary file, not a CSV (an .ncu-rep? turn it into the CSV with "
                             "`ncu --import REPORT --csv --page raw`)")
+    if raw.startswith(b"\xef\xbb\xbf"):  # a byte-order mark (an editor or Excel saved it): not part of the header
+        raw = raw[3:]
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
@@ -279,16 +300,48 @@ def read_ncu_csv(path, run: Optional[dict] = None) -> NcuCsv:
         if names:
             text += f"; the capture's top kernels were {', '.join(names)}"
         raise NoKernelsError(text, regex, run)
-    kernels = [_kernel(path, i + 3, row, header, col, factors) for i, row in enumerate(data)]
+    if len(data[-1]) < len(header):  # the file was cut short: what else is missing cannot be told
+        raise ProfattrError(f"{path}: row {len(rows)} has {len(data[-1])} fields where the header has {len(header)}: "
+                            "the CSV is truncated; export the drill's report again")
+    kernels, skipped, first, seen = [], {}, None, set()
+    for i, row in enumerate(data):
+        try:
+            kernel = _kernel(i + 3, row, header, col, factors)
+            if kernel.id in seen:  # ncu numbers the launches of a report once each: a repeat is a copy
+                raise DamagedRow("repeating an earlier row's kernel ID", f"row {i + 3} repeats kernel ID {kernel.id}")
+            seen.add(kernel.id)
+            kernels.append(kernel)
+        except DamagedRow as exc:
+            skipped[exc.reason] = skipped.get(exc.reason, 0) + 1
+            first = first or exc.detail
+    if not kernels:
+        raise ProfattrError(f"{path}: none of its {len(data)} kernel rows can be read ({first}); export the drill's "
+                            f"report again with `ncu --import NAME.ncu-rep --csv --page raw > {path.name}`")
+    if skipped:
+        n = sum(skipped.values())
+        warn(f"{path}: {n} of {len(data)} kernel row{'s' if len(data) > 1 else ''} left out "
+             f"({'; '.join(f'{c} {r}' for r, c in skipped.items())}; first: {first}); the verdicts cover the rest")
+    missing = tuple(section for section, columns in OPTIONAL_SECTIONS.items() if not any(c in col for c in columns))
+    if missing:
+        warn(f"{path}: collected without the {', '.join(missing)} section{'s' if len(missing) > 1 else ''}: "
+             "occupancy is not reported (the verdicts need none of it); add `--section Occupancy` to the ncu "
+             "command for it")
     version = ((run or {}).get("ncu") or {}).get("version") if isinstance((run or {}).get("ncu"), dict) else None
-    return NcuCsv(path=path, kernels=tuple(kernels), ncu_version=version, run=run, run_path=run_path)
+    return NcuCsv(path=path, kernels=tuple(kernels), ncu_version=version, run=run, run_path=run_path,
+                  skipped=tuple(skipped.items()), missing_sections=missing)
 
 
-def _kernel(path: Path, line: int, row: list, header: list, col: dict, factors: dict) -> NcuKernel:
+NON_NEGATIVE = ("duration_ns", "dram_bytes_per_s", "grid_x", "grid_y", "grid_z", "grid_size", "block_x", "block_y",
+                "block_z", "block_size", "registers_per_thread", "waves_per_sm", "dram_throughput_pct",
+                "sm_throughput_pct", "memory_throughput_pct")
+POSITIVE = ("sm_count", "grid_size", "block_size")
+
+
+def _kernel(line: int, row: list, header: list, col: dict, factors: dict) -> NcuKernel:
+    """One kernel row, or DamagedRow saying why it cannot be trusted."""
     if len(row) != len(header):
-        what = "truncated" if len(row) < len(header) else "malformed"
-        raise ProfattrError(f"{path}: row {line} has {len(row)} fields where the header has {len(header)}: the CSV "
-                            f"is {what}")
+        raise DamagedRow("with fields missing or extra", f"row {line} has {len(row)} fields where the header has "
+                                                         f"{len(header)}")
 
     def value(field_name: str, required: bool = True):
         column = REQUIRED[field_name][0] if field_name in REQUIRED else OPTIONAL[field_name]
@@ -298,17 +351,25 @@ def _kernel(path: Path, line: int, row: list, header: list, col: dict, factors: 
         if field_name in _TEXT:
             return text.strip() or None
         number = _number(text)
-        if number is None:
-            if required:
-                raise ProfattrError(f"{path}: row {line} (kernel ID {row[col['ID']]!r}) has no number in "
-                                    f"{column} ({text!r}); ncu did not measure it for this launch")
-            return None
+        if number is None or not math.isfinite(number):
+            if text.strip().lower() in _NO_VALUE:
+                if required:
+                    raise DamagedRow("without a value the verdicts need", f"row {line} (kernel ID "
+                                     f"{row[col['ID']]!r}) has no value in {column}: ncu did not measure it")
+                return None
+            raise DamagedRow("with text where a number belongs", f"row {line} (kernel ID {row[col['ID']]!r}) has "
+                             f"{text[:40]!r} in {column}")
+        if number < 0 and field_name in NON_NEGATIVE or number <= 0 and field_name in POSITIVE:
+            raise DamagedRow("with a value out of range", f"row {line} (kernel ID {row[col['ID']]!r}) has {number:g} "
+                             f"in {column}")
         return number * factors.get(field_name, 1.0)
 
     kernel_id = _number(row[col["ID"]])
     name = row[col["Kernel Name"]].strip()
-    if kernel_id is None or not name:
-        raise ProfattrError(f"{path}: row {line} has no kernel ID or name: the CSV is truncated or malformed")
+    if kernel_id is None or not math.isfinite(kernel_id) or kernel_id != int(kernel_id):
+        raise DamagedRow("without a kernel ID", f"row {line} has {row[col['ID']][:40]!r} as its ID")
+    if not name:
+        raise DamagedRow("without a kernel name", f"row {line} (kernel ID {row[col['ID']]!r}) has no name")
     duration = value("duration_ns")
     rate = value("dram_bytes_per_s")
     read, write = value("dram_read_bytes", False), value("dram_write_bytes", False)
@@ -329,7 +390,7 @@ def _kernel(path: Path, line: int, row: list, header: list, col: dict, factors: 
         dram_bytes=dram_bytes, dram_bytes_source=source, dram_bytes_per_s=rate,
         dram_throughput_pct=value("dram_throughput_pct"), sm_throughput_pct=value("sm_throughput_pct"),
         memory_throughput_pct=value("memory_throughput_pct"),
-        achieved_occupancy_pct=value("achieved_occupancy_pct"),
+        achieved_occupancy_pct=value("achieved_occupancy_pct", False),
         theoretical_occupancy_pct=value("theoretical_occupancy_pct", False), waves_per_sm=value("waves_per_sm"),
         ctas_per_sm=int(least) if limits else None, ctas_per_sm_limiter=limiter,
         registers_per_thread=int(value("registers_per_thread")), sm_count=int(value("sm_count")),

@@ -66,9 +66,33 @@ def load_ops(export: Export, include_memory: bool = True) -> Ops:
     stream = (packed >> 32).astype(np.int32)
     del packed, low
     launch_tid, launch_ns, launched = _join_launches(export, key)
-    return Ops(start=start, end=end, device=device, launch_key=key, name_id=_short_names(export, demangled_id),
-               demangled_id=demangled_id, graph_node=graph_node, stream=stream, kind=kind,
-               launch_tid=launch_tid, launch_ns=launch_ns, launched=launched, grid=grid, block=block)
+    ops = Ops(start=start, end=end, device=device, launch_key=key, name_id=_short_names(export, demangled_id),
+              demangled_id=demangled_id, graph_node=graph_node, stream=stream, kind=kind,
+              launch_tid=launch_tid, launch_ns=launch_ns, launched=launched, grid=grid, block=block)
+    link_replays(export, ops)
+    return ops
+
+
+def link_replays(export: Export, ops: Ops) -> None:
+    """Replayed graph nodes without a correlationId, linked to their cudaGraphLaunch (trace/graph_replays.py); what
+    was linked is kept on the export's claims (`replay_links`) for the budget's warning and `check`."""
+    from profattr.trace import graph_replays
+
+    if not graph_replays.candidates(ops.launch_key, ops.graph_node).any():
+        return
+    graph_id = graph_replays.graph_ids(export, ops.launch_key, ops.start, ops.graph_node)
+    stats = graph_replays.apply(ops, graph_launches(export), graph_id)
+    note_replay_links(export, stats)
+
+
+def note_replay_links(export: Export, stats) -> None:
+    from profattr.errors import warn
+
+    if stats is None or export.claims is None:
+        return
+    export.claims.replay_links = stats
+    if stats.linked < stats.ops:
+        warn(f"{export.path}: {stats.sentence()}; `profattr check` names them")
 
 
 def _short_names(export: Export, demangled_id: np.ndarray) -> np.ndarray:

@@ -200,6 +200,9 @@ def build(export, folder: Path, size: int | None = None) -> OpStore:
         meta = {"format": FORMAT, "rows": rows, "segments": segments, "columns": {k: np.dtype(v).str for k, v in COLUMNS.items()},
                 "nsys_version": export.nsys_version, "schema_version": export.schema_version,
                 "gpus": export.gpus}
+        links = getattr(export.claims, "replay_links", None)
+        if links is not None:  # ops without a correlationId linked to their graph launch (graph_replays.py)
+            meta["replay_links"] = links.to_dict()
         (folder / "meta.json").write_text(json.dumps(meta))
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
@@ -248,7 +251,39 @@ def _write_ops(export, folder: Path, size: int) -> int:
     keys = np.concatenate(missing_keys) if missing_keys else np.zeros(0, dtype=np.int64)
     if len(rows) and export.has(RUNTIME):
         _patch_missing(export, folder, rows, keys)
+    if len(rows):
+        _link_replays(export, folder, rows, keys, written)
     return written, segments, pairs
+
+
+def _link_replays(export, folder: Path, rows: np.ndarray, keys: np.ndarray, written: int) -> None:
+    """Replayed graph nodes without a correlationId among the ops the join missed, linked to their launch
+    (trace/graph_replays.py) and patched in place; the launch keys other ops carry are read a window at a time."""
+    from profattr.trace import graph_replays
+
+    graph_node = np.memmap(folder / "ops.graph_node.bin", dtype=COLUMNS["graph_node"], mode="r")[rows]
+    if not graph_replays.candidates(keys, graph_node).any():
+        return
+    start = np.memmap(folder / "ops.start.bin", dtype=COLUMNS["start"], mode="r")[rows]
+    named = []
+    size = window_ops()
+    with open(folder / "ops.launch_key.bin", "rb") as keys_fh, open(folder / "ops.kind.bin", "rb") as kinds_fh:
+        for _ in range(0, written, size):
+            named.append(graph_replays.named_keys(np.fromfile(keys_fh, dtype=COLUMNS["launch_key"], count=size),
+                                                  np.fromfile(kinds_fh, dtype=COLUMNS["kind"], count=size)))
+    named = np.unique(np.concatenate(named)) if named else np.zeros(0, dtype=np.int64)
+    graph_id = graph_replays.graph_ids(export, keys, start, graph_node)
+    found, new_keys, tids, starts, stats = graph_replays.link(keys, start, graph_node,
+                                                              nsys_tables.graph_launches(export), graph_id, named)
+    if len(found):
+        at = rows[found]
+        for name, values in (("launch_key", new_keys), ("launch_tid", tids), ("launch_ns", starts),
+                             ("launched", np.ones(len(at), dtype=bool))):
+            mm = np.memmap(folder / f"ops.{name}.bin", dtype=COLUMNS[name], mode="r+")
+            mm[at] = values.astype(COLUMNS[name])
+            mm.flush()
+            del mm
+    nsys_tables.note_replay_links(export, stats)
 
 
 def _windows_of(blocks, size: int):

@@ -186,6 +186,11 @@ def hide_damaged_rows(export) -> dict:
     return skipped
 
 
+def _outside_session(count: int, first: int, last: int, session) -> bool:
+    """Whether every GPU start (`count` of them, from `first` to `last`) lies outside the recorded session."""
+    return session is not None and count > 0 and (first > session[1] or last < session[0])
+
+
 def time_window(starts: np.ndarray, session=None) -> tuple:
     """(lo, hi) ns: the times a capture can hold (see the module docstring). `starts`: GPU op start times;
     `session`: (start, end) of the recorded session, or None."""
@@ -247,6 +252,8 @@ class Claims:
         self.skipped: dict = {t: dict(r) for t, r in (skipped or {}).items()}
         self._starts = starts  # () -> GPU op start times, for a window asked for before the ops were read
         self._window = None
+        self.outside_session = None  # (GPU starts, first, last) when all of them lie outside the session
+        self.replay_links = None  # graph_replays.ReplayLinks: replayed ops without a correlationId, linked or not
 
     # --- counting ------------------------------------------------------------------------------------------------
     def record(self, table: str, reason: str, rows: int) -> None:
@@ -279,14 +286,44 @@ class Claims:
         if self._window is None:
             if starts is None and self._starts is not None:
                 starts = self._starts()
-            self._window = time_window(starts if starts is not None else np.zeros(0, dtype=np.int64), self.session)
+            starts = starts if starts is not None else np.zeros(0, dtype=np.int64)
+            self._window = time_window(starts, self.session)
+            s = starts[(starts > -TIME_LIMIT_NS) & (starts < TIME_LIMIT_NS)] if len(starts) else starts
+            if len(s):
+                self._note_session(len(s), int(s.min()), int(s.max()))
         return self._window
+
+    def _note_session(self, count: int, first: int, last: int) -> None:
+        """Say so when the GPU work lies entirely outside the session nsys recorded (valid times, but not the
+        session's: a copy moved in time, or an export whose session record is damaged)."""
+        if not _outside_session(count, first, last, self.session):
+            return
+        self.outside_session = (count, first, last)
+        lo, hi = self.session
+        warn(f"{self.path}: all {count} GPU ops lie outside the session nsys recorded (ANALYSIS_DETAILS: {lo}..{hi} "
+             f"ns; the ops: {first}..{last} ns): the times were moved or the session record is damaged; the figures "
+             "use the GPU work's own time range (export the report again for times that agree)")
+
+    def why_no_work(self) -> str | None:
+        """Why no GPU op is left, when it is because of their times: every op lay where no capture holds times."""
+        outside = {t: r.get("a time outside the capture", 0) for t, r in self.skipped.items()}
+        total = sum(outside.values())
+        if not total:
+            return None
+        where = f"the session nsys recorded is {self.session[0]}..{self.session[1]} ns; " if self.session else ""
+        return (f"{self.path}: no GPU work in the capture's time range: all {total} GPU op row(s) lie at times no "
+                f"capture holds ({where}times beyond 2^62 ns or a day away from the rest are refused): the export's "
+                "times are damaged; export the report again (`nsys export --type sqlite`)")
 
     def window_sorted(self, starts) -> tuple:
         """window() from every kernel start, given sorted as a sequence read a value at a time (an op store column,
         time_window_sorted): the same window without the starts in memory."""
         if self._window is None:
             self._window = time_window_sorted(starts, self.session)
+            lo = bisect.bisect_right(starts, -TIME_LIMIT_NS)
+            hi = bisect.bisect_left(starts, TIME_LIMIT_NS, lo)
+            if hi > lo:
+                self._note_session(hi - lo, int(starts[lo]), int(starts[hi - 1]))
         return self._window
 
     # --- checks ---------------------------------------------------------------------------------------------------
