@@ -26,6 +26,7 @@ from profattr.text import clean
 COMMANDS = {
     "budget": "profattr.attribute.commands:budget",
     "classify": "profattr.taxonomy.commands:classify",
+    "taxonomy": "profattr.taxonomy.commands:taxonomy",
     "diff": "profattr.attribute.commands:diff",
     "variance": "profattr.attribute.commands:variance",
     "capture": "profattr.capture.commands:capture",
@@ -35,7 +36,10 @@ COMMANDS = {
     "drill-report": "profattr.report.drill_commands:drill_report",
     "limit": "profattr.limits.commands:limit",
     "gap": "profattr.limits.commands:gap",
+    "project": "profattr.limits.project_commands:project",
     "report": "profattr.report.commands:report",
+    "timeline": "profattr.report.look_commands:timeline",
+    "export": "profattr.report.look_commands:export",
     "ledger": "profattr.ledger.commands:ledger",
 }
 

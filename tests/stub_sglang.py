@@ -19,7 +19,13 @@ It implements the behaviour the capture driver relies on, written from SGLang 0.
   write `{output_dir}/{profile_id}-TP-{rank}.trace.json.gz` per TP rank when the window closes (Chrome trace
   JSON: here one `step[DECODE bs=N]` user_annotation per step (utils/profile_utils.py build_step_span_name), its
   cudaLaunchKernel call and a kernel linked to it by correlation id);
-- python/sglang/srt/entrypoints/engine.py: the server logs `server_args=ServerArgs(...)` at start-up.
+- python/sglang/srt/entrypoints/engine.py: the server logs `server_args=ServerArgs(...)` at start-up;
+- python/sglang/srt/entrypoints/http_server.py, functions get_server_info and get_model_info: `GET
+  /get_server_info` answers dataclasses.asdict(ServerArgs) merged with the scheduler's info, plus
+  `internal_states` (one dict per DP rank) and `version`; `GET /get_model_info` answers model_path,
+  tokenizer_path, is_generation, preferred_sampling_params and weight_version (JSON both).
+A trace the scheduler cannot write (output_dir missing or not writable by the server's user) is logged as an
+error and the server keeps serving.
 
 One scheduler thread batches all running requests into forward steps, as SGLang's scheduler does; each step is an
 NVTX push/pop range `stub_forward_step`, and the profile window is a range `stub_profile_window` around the steps
@@ -166,9 +172,14 @@ class Scheduler(threading.Thread):
                      "distributedInfo": {"backend": "nccl", "rank": rank, "world_size": TP},
                      "traceEvents": events}
             path = os.path.join(out, f"{profile_id}-TP-{rank}.trace.json.gz")
-            with gzip.open(path + ".tmp", "wt") as fh:
-                json.dump(trace, fh)
-            os.replace(path + ".tmp", path)
+            try:
+                with gzip.open(path + ".tmp", "wt") as fh:
+                    json.dump(trace, fh)
+                os.replace(path + ".tmp", path)
+            except OSError as exc:
+                log(f"ERROR: could not export the trace to {path}: {exc}")
+                record("trace_failed", path=path, error=str(exc))
+                continue
             record("trace", path=path, steps=len(self.torch_events))
 
     def run(self) -> None:
@@ -281,6 +292,14 @@ class Handler(BaseHTTPRequestHandler):
             return self._send(200 if up else 503, b"", "text/plain")
         if self.path in ("/start_profile", "/stop_profile"):
             return self._profile({})
+        if self.path == "/get_server_info":
+            record("server_info")
+            return self._json(200, server_info())
+        if self.path == "/get_model_info":
+            record("model_info")
+            return self._json(200, {"model_path": ARGS.model_path, "tokenizer_path": ARGS.model_path,
+                                    "is_generation": True, "preferred_sampling_params": None,
+                                    "weight_version": "default"})
         self._json(404, {"detail": "Not Found"})
 
     def do_POST(self):
@@ -357,12 +376,26 @@ def parse_args(argv):
 
 
 TP = 1
+ARGS = None
+VERSION = "0.5.16"
+
+
+def server_info() -> dict:
+    """What get_server_info answers: the server args (those this stub knows, with SGLang's field names), the
+    scheduler's info, internal_states and version."""
+    a = ARGS
+    return {"model_path": a.model_path, "tokenizer_path": a.model_path, "host": a.host, "port": a.port,
+            "tp_size": a.tp, "dp_size": 1, "ep_size": 1, "moe_runner_backend": a.moe_runner_backend,
+            "attention_backend": "flashinfer", "sampling_backend": "flashinfer", "kv_cache_dtype": "auto",
+            "disable_cuda_graph": True, "cuda_graph_bs": None, "decode_log_interval": a.decode_log_interval,
+            "load_format": "dummy", "dtype": "auto", "max_total_num_tokens": 4096, "max_req_input_len": 4090,
+            "internal_states": [{"last_gen_throughput": 0.0}], "version": VERSION}
 
 
 def main(argv=None) -> int:
-    global TP
+    global TP, ARGS
     args, rest = parse_args(sys.argv[1:] if argv is None else argv)
-    TP = args.tp
+    TP, ARGS = args.tp, args
     global DECODE_LOG_INTERVAL
     DECODE_LOG_INTERVAL = max(1, args.decode_log_interval)
     record("launch", argv=sys.argv[1:], model_path=args.model_path, tp=args.tp,

@@ -201,5 +201,5 @@ def test_cli_limit_bad_input():
     runner = CliRunner()
     bad = runner.invoke(cli, ["limit", "-m", "glm-5-nvfp4", "-H", "tpu-v5", "--tp", "8"])
     assert bad.exit_code == 2
-    assert "unknown hardware 'tpu-v5'; valid: b200, h100, h200, rtx-pro-6000-server, rtx-pro-6000-ws" in bad.output
+    assert "unknown hardware 'tpu-v5'; valid: b200, h100, h200, rtx-5090, rtx-pro-6000-server, rtx-pro-6000-ws" in bad.output
     assert "Traceback" not in bad.output

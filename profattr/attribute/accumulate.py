@@ -45,6 +45,10 @@ def group_rows(*cols):
     return rows, group.astype(np.int64)
 
 
+# per combination: what it is and what decided it (taxonomy/contexts.py Decision: evidence, rule, context, conflict)
+COMBO_COLUMNS = ["name", "demangled", "category", "family", "evidence", "rule", "context", "conflict"]
+
+
 class Combos:
     """Distinct (demangled id, short id, context mask) rows met so far, each classified once."""
 
@@ -52,7 +56,7 @@ class Combos:
         self.source, self.patterns, self.ruleset = source, list(patterns), ruleset
         self.index: dict = {}
         self.rows: list = []
-        self.values: list = []  # (name, demangled, category, family) per registry id
+        self.values: list = []  # COMBO_COLUMNS per registry id
 
     def ids(self, ops: Ops, mask: np.ndarray) -> np.ndarray:
         """Registry id of each op's combination (new ones are classified)."""
@@ -72,16 +76,15 @@ class Combos:
         dem_id, short_id, m = key
         if dem_id < 0:  # memory op
             name = memop_name(int(dem_id))
-            return (name, name, "memory.set" if dem_id == -100 else "memory.copy", "cuda_memory")
+            return (name, name, "memory.set" if dem_id == -100 else "memory.copy", "cuda_memory", "name", "", "", "")
         demangled = strings.get(int(dem_id)) or strings.get(int(short_id)) or f"<string {dem_id}>"
         short = strings.get(int(short_id)) or demangled
         contexts = frozenset(p for b, p in enumerate(self.patterns) if (int(m) >> b) & 1)
-        rule = self.ruleset.match(demangled, contexts)
-        if rule is None and short != demangled:
-            rule = self.ruleset.match(short, contexts)
-        return (short, demangled, rule.category if rule else "unclassified", (rule.family or "") if rule else "")
+        d = self.ruleset.decide(demangled, contexts, short=short if short != demangled else None)
+        return (short, demangled, d.category, d.family, d.evidence, d.rule.id if d.rule else "",
+                d.context.id if d.context else "", d.conflict.id if d.conflict else "")
 
-    def category_of(self, reg: int) -> str:
+    def category_of(self, reg: int) -> str:  # noqa: D401 - values: COMBO_COLUMNS
         return self.values[reg][2]
 
     def finish(self):
@@ -90,7 +93,7 @@ class Combos:
         order = np.lexsort((rows[:, 2], rows[:, 1], rows[:, 0])) if len(rows) else np.zeros(0, dtype=np.int64)
         final = np.empty(len(rows), dtype=np.int64)
         final[order] = np.arange(len(rows))
-        combos = pd.DataFrame([self.values[i] for i in order], columns=["name", "demangled", "category", "family"])
+        combos = pd.DataFrame([self.values[i] for i in order], columns=COMBO_COLUMNS)
         return final, combos
 
 

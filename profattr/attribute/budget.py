@@ -7,6 +7,8 @@ Definitions (all per device, over the steps that launched work on it):
 - `idle_ms_per_step` = mean span - mean busy (GPU waiting inside the step: launch gaps, syncs, CPU work);
 - `overlap_ms_per_step` = mean summed op time - mean busy (time during which two streams ran at once);
   so `mean_step_ms = sum(category ms) - overlap + idle` holds exactly;
+- `distributions`: the spread over the steps (median, p90, max, outlier steps) of the span, the idle time and each
+  category's exclusive time (distributions.py), and of the largest kernels' op time where every op was read at once;
 - category / kernel `ms_per_step`: summed durations over the steps, divided by the number of steps;
 - category `exclusive_ms_per_step`: its share of the busy time (each slice of busy time shared equally among the
   categories running in it, exclusive.py), so `mean_step_ms = sum(category exclusive ms) + idle` holds exactly
@@ -29,6 +31,7 @@ import pandas as pd
 
 from profattr.attribute.accumulate import Combos, StepTotals
 from profattr.attribute.comm import collective_split
+from profattr.attribute.distributions import device_distributions, kernel_distributions
 from profattr.attribute.graphs import STATUS_MAPPING, STATUS_NAMES, STATUS_UNPLACED, place_contexts
 from profattr.attribute.nvtx import Ranges, enclosed, load_ranges
 from profattr.attribute.precision import annotate as annotate_precision
@@ -36,6 +39,8 @@ from profattr.attribute.shapes import kernel_shapes, short_kernel_stats
 from profattr.attribute.steps import Steps, find_steps
 from profattr.errors import ProfattrError
 from profattr.regexguard import MAX_MATCH_CHARS
+from profattr.attribute.context import (ContextTexts, evidence_block, launch_stack_bits, torch_op_bits,
+                                        warn_unmatched_contexts)
 from profattr.taxonomy.classify import load_rules
 from profattr.trace.ops import Ops
 from profattr.trace.source import open_trace
@@ -158,6 +163,7 @@ def compute_budget(path, steps: str = "auto", rules: Sequence = (), force: bool 
         source = _mapping_attribution(mapping, steps, ruleset, force)
     windowed = source is None and not keep_attribution and by == "category" and layer_range is None
     with open_trace(path, force=force) as export:
+        warn_unmatched_contexts(export, ruleset)
         reader = store_source(export)
         try:
             budget = budget_windowed(reader, steps, ruleset, skip_steps, step_categories) if windowed else None
@@ -171,6 +177,7 @@ def compute_budget(path, steps: str = "auto", rules: Sequence = (), force: bool 
                 reader.close()
     annotate_precision(budget.devices, ruleset)
     attribution = budget.attribution
+    kernel_distributions(budget)  # the spread of the largest kernels: only where every op is at hand
     if by == "layer" or layer_range is not None:
         add_layers(budget, attribution, layer_range)
     if not keep_attribution:
@@ -329,6 +336,10 @@ def attribute(export, steps_spec: str, ruleset, mapping: Attribution | None = No
         method = (f"mapping capture {result.path}: {int((take & inside).sum())} replayed ops placed by their order "
                   f"within the step, {result.name_mismatches} of {result.ops_compared} ops without a same-named "
                   f"match, {int(((status == STATUS_UNPLACED) & inside).sum())} unplaced")
+    keys, torch_mask = torch_op_bits(export, ops, ruleset, len(patterns))
+    patterns, mask = patterns + keys, mask | torch_mask  # the launching torch operator (torch traces)
+    keys, stack_mask = launch_stack_bits(export, ops, ruleset, len(patterns))
+    patterns, mask = patterns + keys, mask | stack_mask  # the launch's Python stack (torch traces with_stack)
     combo, combos = classify_masks(export, ops, mask, patterns, ruleset)
     from profattr.attribute.gemm_dims import LinearRanges, without_m
 
@@ -378,9 +389,12 @@ def summarize(export, att: Attribution) -> Budget:
     totals.add(att.ops, att.step, att.combo, None, None, categories=att.combos["category"].to_numpy(),
                gemm=att.gemm_mnk)
     tables = totals.finish(np.arange(len(att.combos)), att.combos)
+    texts = ContextTexts(export)
+    texts.add(att.ops, att.combo, att.combos["evidence"].to_numpy(), att.combos["conflict"].to_numpy(), att.ranges,
+              att.ctx_tid, att.ctx_ns, att.status, att.step >= 0)
     budget = assemble(export, att.steps, att.context_method, att.combos, *tables,
                       att.placement() if att.status is not None else None, exclusive=totals.exclusive_ns(),
-                      short_kernels=totals.short)
+                      short_kernels=totals.short, context_summary=texts.finish())
     add_comm(budget, att)
     return budget
 
@@ -388,7 +402,7 @@ def summarize(export, att: Attribution) -> Budget:
 def assemble(export, steps: Steps, context_method: str, combos_frame: pd.DataFrame, per_step: pd.DataFrame,
              per_step_category: pd.DataFrame, per_combo: pd.DataFrame, outside: dict,
              nvtx_placement: dict | None, exclusive: pd.DataFrame | None = None,
-             short_kernels: dict | None = None) -> Budget:
+             short_kernels: dict | None = None, context_summary: dict | None = None) -> Budget:
     """The Budget from the totals (accumulate.StepTotals.finish) of its steps; `exclusive`: StepTotals.exclusive_ns
     (the busy time split among categories), which also gives per_step_category its `exclusive_ns` column; `short_kernels`: per device, (ns,
     count) of the kernels under accumulate.SHORT_KERNEL_NS (StepTotals.short)."""
@@ -436,6 +450,9 @@ def assemble(export, steps: Steps, context_method: str, combos_frame: pd.DataFra
             "unclassified_share": uncl_ns / total_op_ns if total_op_ns else 0.0,
             "outside_steps": {"ops": int(outside.get(int(device), (0, 0))[1]),
                               "ms": float(outside.get(int(device), (0, 0))[0]) / NS_PER_MS},
+            # what decided the categories, the kernels no certain name rule covers, the contradicted rules
+            **evidence_block(combos, int(device), n, total_op_ns, context_summary),
+            "distributions": device_distributions(d_steps, exclusive[exclusive["device"] == device]),
         })
     return Budget(path=str(export.path), nsys_version=export.nsys_version,
                   schema_version=export.schema_version, gpus=export.gpus, steps_source=steps.source,

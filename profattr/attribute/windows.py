@@ -10,6 +10,7 @@ import numpy as np
 from profattr.attribute.accumulate import Combos, StepTotals
 from profattr.attribute.comm import collective_split
 from profattr.attribute.gemm_dims import LinearRanges
+from profattr.attribute.context import ContextTexts
 from profattr.attribute.graphs import PlacementCounts, place_contexts
 from profattr.attribute.nvtx import load_ranges
 from profattr.attribute.steps import find_steps
@@ -50,6 +51,7 @@ def _pass(source, store, steps, ranges, patterns, combos: Combos, remap=None, as
     counts = PlacementCounts()
     selected = B.context_ranges(ranges, patterns)
     linear = LinearRanges(ranges)  # layerwise NVTX markers of linear layers: a GEMM's M, N, K (gemm_dims.py)
+    texts = ContextTexts(source)
     for ops in windows:
         step = assign.assign(ops.launch_tid, ops.launch_ns, ops.launched)
         if remap is not None:
@@ -59,13 +61,15 @@ def _pass(source, store, steps, ranges, patterns, combos: Combos, remap=None, as
         mask = B.context_mask(ranges, patterns, placement.tid, placement.t_ns, selected)
         reg = combos.ids(ops, mask)
         totals.add(ops, step, reg, combos, placement.status, gemm=linear.of(placement.tid, placement.t_ns))
+        texts.add(ops, reg, [v[4] for v in combos.values], [v[7] for v in combos.values], ranges, placement.tid,
+                  placement.t_ns, placement.status, step >= 0)
         if not totals.in_order:
             return None
     final, frame = combos.finish()
     per_step, per_step_category, per_combo, outside = totals.finish(final, frame)
     budget = B.assemble(source, steps, counts.method(ranges), frame, per_step, per_step_category, per_combo,
                         outside, B.placement_dict(totals.status), exclusive=totals.exclusive_ns(),
-                        short_kernels=totals.short)
+                        short_kernels=totals.short, context_summary=texts.finish(final))
     category_of_reg = np.array([combos.category_of(i) for i in range(len(combos.rows))], dtype=object)
     comm = totals.comm_ops(category_of_reg)
     if comm is not None:

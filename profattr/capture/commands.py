@@ -54,6 +54,9 @@ def _echo(message: str) -> None:
 @click.option("--cuda-graph-trace", type=click.Choice(["node", "graph"]), default="node", show_default=True,
               help="node: one row per replayed kernel (graph: replayed kernels are not recorded)")
 @click.option("--model", metavar="PATH", help="SGLang target: model folder (or Hugging Face id) to serve")
+@click.option("--server", "server_url", metavar="URL", help="profile the SGLang server already running at "
+              "http://HOST:PORT instead of launching one (torch-profiler windows through its /start_profile; it "
+              "must run on this host to write the traces into -o; it is left running)")
 @click.option("--backend", help=backend_help() + " [default: auto]")
 @click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True, help="tensor-parallel size (GPUs)")
 @click.option("--host", default="127.0.0.1", show_default=True, help="SGLang server host")
@@ -92,7 +95,7 @@ def _echo(message: str) -> None:
                    "measure the profiled ms/token in the capture, check")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def capture(out_dir, name, force, dry_run, nsys_path, trace, capture_range, nvtx_capture, profiler, torch_with_stack,
-            repeat, cpu_samples, cuda_graph_trace, model, backend, tp, host, port, launcher, health_timeout_s, input_len,
+            repeat, cpu_samples, cuda_graph_trace, model, server_url, backend, tp, host, port, launcher, health_timeout_s, input_len,
             max_new_tokens, prompts, prompt_seed, batch_spec, warmup, trials, steps, workload, mode, moe_impl, graph_window, timeout_s,
             finish_dir, args):
     """Record decode under Nsight Systems and export it: an SGLang server (--model), the built-in workload
@@ -104,6 +107,7 @@ def capture(out_dir, name, force, dry_run, nsys_path, trace, capture_range, nvtx
       profattr capture --workload moe-decode --mode graph --tp 2
       profattr capture --trace nvtx --capture-range none -- python -m profattr.workloads.cpu_smoke
       profattr capture --finish captures/     (after a capture that left NAME.qdstrm)
+      profattr capture --server http://127.0.0.1:30000 --batch 1,4,8   (a server already running)
     Exit status: 0 captured, 1 `profattr check` found a failure, 2 bad input or a failed target, 130 interrupted.
     """
     if finish_dir is not None:
@@ -119,6 +123,8 @@ def capture(out_dir, name, force, dry_run, nsys_path, trace, capture_range, nvtx
         steps=steps, workload=workload, mode=mode, moe_impl=moe_impl, graph_window=graph_window, timeout_s=timeout_s,
         batches=batches if len(batches) > 1 else (), repeat=repeat, nvtx_capture=nvtx_capture, profiler=profiler,
         torch_with_stack=torch_with_stack, cpu_samples=cpu_samples)
+    if server_url is not None:
+        _attach(opts, server_url)
     plans = capture_plan.plan_all(opts)
     if dry_run:
         click.echo("\n".join(capture_plan.describe(p) for p in plans))
@@ -128,6 +134,27 @@ def capture(out_dir, name, force, dry_run, nsys_path, trace, capture_range, nvtx
         run, plan_code = capture_run.execute(plan, _echo)
         _print_check(run)
         code = max(code, plan_code)
+    sys.exit(code)
+
+
+def _attach(opts, server_url: str) -> None:
+    """`capture --server URL`: the windows of a running server; exits."""
+    from profattr.capture import attach
+    from profattr.errors import ProfattrError
+
+    o = opts
+    given = [flag for flag, on in (("--model", o.model), ("--workload", o.workload), ("a command after `--`", o.args),
+                                   ("--backend", o.backend), ("--launcher", o.launcher), ("--nsys", o.nsys),
+                                   ("--trace", o.trace), ("--capture-range", o.capture_range),
+                                   ("--cpu-samples", o.cpu_samples)) if on]
+    if given:
+        raise ProfattrError(f"--server profiles a running server with its own torch profiler; {given[0]} does not "
+                            "apply (the server's model, backend and tp are what it was started with)")
+    if o.dry_run:
+        click.echo(attach.describe(o, server_url))
+        sys.exit(0)
+    run, code = attach.execute(o, server_url, _echo)
+    _print_check(run)
     sys.exit(code)
 
 

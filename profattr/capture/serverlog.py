@@ -171,6 +171,26 @@ def server_said(evidence: dict | None) -> str | None:
     return said[-1] if said else None
 
 
+SERVER_INFO_SOURCE = "server_info"
+
+
+def from_server_info(server_args: dict) -> dict:
+    """The evidence a running server gives about itself without its log: the same shape as `parse`, from the
+    server arguments its server-info endpoint answers (entrypoints/http_server.py: dataclasses.asdict(ServerArgs),
+    the values the `server_args=ServerArgs(...)` start-up line shows). No events: the log is not read; the CUDA-graph
+    batch sizes are the configured ones (`cuda_graph_bs`), not the captured ones."""
+    args = {k: server_args[k] for k in KEY_ARGS if k in server_args}
+    resolved = {k: args.get(k) for k in ("moe_runner_backend", "fp8_gemm_runner_backend", "fp4_gemm_runner_backend",
+                                         "attention_backend", "sampling_backend") if k in args}
+    graphs = None
+    if args.get("disable_cuda_graph") is True:
+        graphs = {"decode": False, "batch_sizes": []}
+    elif args.get("disable_cuda_graph") is False and isinstance(args.get("cuda_graph_bs"), list):
+        graphs = {"decode": True, "batch_sizes": sorted(int(b) for b in args["cuda_graph_bs"] if isinstance(b, int))}
+    return {"source": SERVER_INFO_SOURCE, "server_args": args, "resolved": resolved, "cuda_graph": graphs,
+            "default_kernel_configs": [], "counts": {}, "events": {}}
+
+
 def read_log(path) -> dict | None:
     """`parse` of a log file (the last MAX_BYTES of it), or None when it cannot be read."""
     try:

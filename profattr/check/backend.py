@@ -85,6 +85,11 @@ def check_server_log(run: dict | None) -> Finding:
     if not isinstance(ev, dict):
         return Finding("server_log", SKIP, "no server log evidence in run.json (not an SGLang capture, or made "
                        "before profattr read server logs)")
+    if ev.get("source") == "server_info":
+        said = ", ".join(f"{k} {v}" for k, v in (ev.get("resolved") or {}).items() if v)
+        return Finding("server_log", SKIP, "an attached server's log is not read (capture --server): JIT "
+                       "compilation, kernel-config fallbacks and errors inside the window are not checked; its "
+                       f"server info says {said or 'no backends'}", {"resolved": ev.get("resolved") or {}})
     resolved = ev.get("resolved") or {}
     requested = get(run, "backend", "sglang")
     data = {"resolved": resolved, "default_kernel_configs": ev.get("default_kernel_configs") or [],

@@ -81,6 +81,11 @@ def check_steps_with_work(budget) -> Finding:
 
 
 def check_graphs_recorded(run: dict | None, facts) -> Finding:
+    if get(run, "server", "attached") is True:
+        return Finding("graphs_recorded", SKIP, "an attached server's log is not read (capture --server): which "
+                       "decode CUDA graphs it captured is not known, only its setting disable_cuda_graph="
+                       f"{get(run, 'server_log', 'server_args', 'disable_cuda_graph')}",
+                       {"graph_launches": facts.calls[1]})
     used = get(run, "server_log", "cuda_graph")
     if not isinstance(used, dict):
         return Finding("graphs_recorded", SKIP, "no server log evidence of CUDA-graph use")
@@ -113,6 +118,9 @@ def _cuda_version(run: dict | None, source) -> int | None:
 
 def check_profiler_version(run: dict | None, source, facts) -> Finding:
     if source.format != "nsys":
+        if get(run, "server", "attached") is True:
+            return Finding("profiler_version", SKIP, f"{source.tool_version}, inside the running server (capture "
+                           "--server): its profiler against the CUDA driver is not checked (no nsys recorded it)")
         return Finding("profiler_version", SKIP, f"{source.tool_version}")
     # the nsys that recorded (run.json); an export only names the nsys that exported it
     recorded = get(run, "nsys", "version")

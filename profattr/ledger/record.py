@@ -219,6 +219,8 @@ def insert_entry(db, item: Pending, steps: str, rules: Sequence, taxonomy: str, 
         db["packages"].insert_all([{"entry_id": entry_id, "package": str(k), "version": v}
                                    for k, v in packages.items()])
     for table, rows in budget_rows(entry_id, b).items():
+        if table == "devices" and "evidence_json" not in db[table].columns_dict:  # ledgers made before lack it
+            rows = [{k: v for k, v in r.items() if k != "evidence_json"} for r in rows]
         db[table].insert_all(rows)
     return entry_id, label
 
@@ -287,6 +289,9 @@ def _frame_rows(entry_id: int, frame, columns: dict) -> list:
     return [dict(zip(["entry_id", *columns.values()], (entry_id, *row))) for row in zip(*values)]
 
 
+EVIDENCE_KEYS = ("evidence", "unknowns", "unknowns_total", "conflicts")  # a budget device's evidence section
+
+
 def budget_rows(entry_id: int, b: Budget) -> dict:
     """table -> rows of the budget: per device, its categories, kernels and comm split, and the per-step tables."""
     out = {t: [] for t in ("devices", "categories", "kernels", "kernel_shapes", "short_kernels", "comm",
@@ -300,7 +305,8 @@ def budget_rows(entry_id: int, b: Budget) -> dict:
                                **{c: float(d[c]) for c in ("step_ms", "mean_step_ms", "busy_ms_per_step",
                                                            "idle_ms_per_step", "overlap_ms_per_step",
                                                            "kernels_per_step", "memops_per_step",
-                                                           "unclassified_share")}})
+                                                           "unclassified_share")},
+                               "evidence_json": _json({k: d[k] for k in EVIDENCE_KEYS if k in d} or None)})
         out["categories"] += [{**key, "position": i, "category": c["category"],
                                "ms_per_step": float(c["ms_per_step"]), "count_per_step": float(c["count_per_step"]),
                                "exclusive_ms_per_step": float(c["exclusive_ms_per_step"]),

@@ -131,6 +131,7 @@ def load_hardware(name: str) -> HardwareSpec:
         allreduce=allreduce, kernel_launch_us=_sourced(launch["kernel_launch_us"]),
         graph_launch_us=_sourced(launch["graph_launch_us"]), graph_node_us=_sourced(launch["graph_node_us"]),
         sm_count=_sourced(data.get("sm_count")), memory_bytes=_sourced(data.get("memory_bytes")),
+        clock_hz=_sourced(data.get("clock_hz")),
     )
 
 

@@ -95,6 +95,7 @@ def render_table(budget: dict, top: int = TOP_KERNELS) -> str:
                      f"{d['kernels_per_step']:.1f} kernels/step")
         coverage = 100.0 * (1.0 - d["unclassified_share"])
         lines.append(f"  classified: {coverage:.1f}% of GPU time")
+        lines.extend(decided_by_lines(d, "  "))
         lines.append(f"  {'category':<24}{'exclusive':>10}{'share':>8}{'overlapped':>11}{'op ms':>10}"
                      f"{'count/step':>12}")
         for c in d["categories"]:
@@ -125,7 +126,7 @@ def render_table(budget: dict, top: int = TOP_KERNELS) -> str:
         if short:
             lines.append(f"  {short}")
         uncl = [k for k in d["kernels"] if k["category"] == "unclassified"][:5]
-        if uncl:
+        if uncl and "unknowns" not in d:
             lines.append("  top unclassified (add a rule with --rules FILE):")
             for k in uncl:
                 lines.append(f"  {_fmt_ms(k['ms_per_step']):>10} ms  {_short(k['demangled'], 110)}")
@@ -146,6 +147,37 @@ def category_table_md(d: dict) -> list:
     out.append(f"| idle (inside steps) | {d['idle_ms_per_step']:.3f} | {100.0 * idle_share(d):.1f}% | | | |")
     out.append(f"| **mean step** | **{d['mean_step_ms']:.3f}** | 100.0% | {d['overlap_ms_per_step']:.3f} | | |")
     return out
+
+
+def decided_by_lines(d: dict, indent: str = "", limit: int = 10) -> list:
+    """What decided the categories (name rules, launch context, nothing), each kernel no certain name rule covers
+    with its share and context, and the name rules a strong context contradicts (budget's evidence section)."""
+    ev = d.get("evidence")
+    if not ev:
+        return []
+    s = ev["shares"]
+    context = ", ".join(f"{k.split(':', 1)[1]} {100.0 * v:.1f}%" for k, v in s.items() if k.startswith("context:") and v)
+    lines = [f"{indent}evidence: name rules {100.0 * ev['name_share']:.1f}%, context {100.0 * ev['context_share']:.1f}%"
+             f"{' (' + context + ')' if context else ''}, nothing {100.0 * ev['none_share']:.1f}% of GPU time"
+             + (f"; torch operators {ev['torch_ops']}" if ev.get("torch_ops", "").startswith("absent") else "")]
+    unknowns = d.get("unknowns") or []
+    if unknowns:
+        lines.append(f"{indent}kernels no certain name rule covers ({d.get('unknowns_total', len(unknowns))}; "
+                     "`profattr taxonomy suggest` drafts rules for them):")
+        for u in unknowns[:limit]:
+            lines.append(f"{indent}  {100.0 * u['share']:6.2f}%  {u['category']:<20} {u['evidence']:<27} "
+                         f"{_short(u['name'], 60)}  [{_context_text(u['context'])}]")
+    for c in (d.get("conflicts") or [])[:limit]:
+        lines.append(f"{indent}conflict: {_short(c['name'], 60)} named {c['category']} by rule {c['rule']}, inside "
+                     f"{_context_text(c['context'])} (context rule {c['contradicted_by']}), "
+                     f"{100.0 * c['share']:.2f}% of GPU time")
+    return lines
+
+
+def _context_text(context: dict) -> str:
+    parts = [f"op {context['torch_op']}" if context.get("torch_op") else "",
+             f"module {context['nvtx_module']}" if context.get("nvtx_module") else ""]
+    return ", ".join(p for p in parts if p) or "no context"
 
 
 def _short(name: str, width: int = 90) -> str:

@@ -15,6 +15,7 @@ from profattr.report import why_slow
 from profattr.report.bottlenecks import rank_bottlenecks
 from profattr.report.budget_view import exclusive_ms
 from profattr.report.launches import launch_stats
+from profattr.report.timeline import capture_views
 from profattr.taxonomy.classify import load_rules
 
 # rules about kernels of other GPU generations or FP4 formats: the part of the taxonomy these captures cannot test
@@ -37,6 +38,7 @@ class CaptureReport:
     gap_note: Optional[str] = None  # why there is no gap (plain text, unescaped)
     side: Optional[Side] = field(default=None, repr=False)
     why_slow: dict = field(default_factory=dict)  # category -> sentence from this capture's ncu drills
+    timeline: Optional[list] = field(default=None, repr=False)  # report.timeline.step_view per GPU (median step)
 
     def as_input(self) -> dict:
         """The plain structure bottlenecks.py and charts.py take."""
@@ -58,6 +60,8 @@ class ReportData:
     campaign_ledger: Optional[str] = None  # the ledger's path, as given
     drills: list = field(default_factory=list)  # why_slow.collect_drills entries
     sweep: list = field(default_factory=list)  # batch_sweep rows, when the captures decode several batch sizes
+    out_dir: Optional[str] = None  # the report's folder, while write_report writes it (the sections' own charts)
+    projection: Optional[dict] = None  # profattr.project/1 of the first capture, with report --to
 
 
 def default_labels(names: Sequence[str]) -> list:
@@ -248,6 +252,7 @@ def collect_report(paths: Sequence, labels: Optional[Sequence[str]] = None, step
                                 skip_steps=skip_steps, mapping=mapping, by=by)
         launches = launch_stats(budget)
         _add_graph_tracing(launches, Path(budget.path), (graph_twins or {}).get(given))
+        views = capture_views(budget)  # the median step of each GPU, for the timeline (report/timeline.py)
         budget.attribution = None  # the arrays are no longer needed; the diff needs only the per-step tables
         data = budget.to_dict()
         checks, checks_source, checks_note = lint_findings(Path(budget.path), run)
@@ -265,7 +270,7 @@ def collect_report(paths: Sequence, labels: Optional[Sequence[str]] = None, step
         captures.append(CaptureReport(label="", path=str(given), budget=data, launches=launches, run=run,
                                       run_path=run_path, run_note=run_note, checks=checks,
                                       checks_source=checks_source, checks_note=checks_note, gap=gap,
-                                      gap_note=gap_note, side=side))
+                                      gap_note=gap_note, side=side, timeline=views))
     names = list(labels) if labels is not None else default_labels(
         [group_name(c) if c.side is not None and len(c.side.members) > 1 else capture_name(Path(c.path), c.run)
          for c in captures])

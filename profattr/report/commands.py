@@ -13,6 +13,8 @@ from profattr.attribute.commands import cache_option, rules_option, steps_option
 from profattr.errors import ProfattrError
 from profattr.outputs import atomic_path, check_output, ensure_folder, write_text
 from profattr.report.campaign import CAMPAIGN_CHART
+from profattr.report.distribution_view import DISTRIBUTION_CHART
+from profattr.report.timeline import TIMELINE_CHART
 
 REPORT_FILE = "report.md"
 CATEGORY_CHART = "categories.png"
@@ -28,6 +30,8 @@ def chart_slug(label: str) -> str:
 def output_files(data) -> dict:
     """role -> file name of every chart the report will write (the gap chart only where a gap was computed)."""
     files = {"categories": CATEGORY_CHART, "launches": LAUNCH_CHART}
+    if data.captures:  # written by their sections (report/timeline.py, report/distribution_view.py)
+        files.update({"timeline": TIMELINE_CHART, "distributions": DISTRIBUTION_CHART})
     if getattr(data, "campaign", None):
         files["campaign"] = CAMPAIGN_CHART
     used = set(files.values())
@@ -70,6 +74,7 @@ def write_report(data, out_dir: Path, force: bool = False) -> list:
             with atomic_path(out_dir / files[role], force) as tmp:
                 write_gap_chart(cap.gap, tmp)
     data.charts = files
+    data.out_dir = str(out_dir)
     write_text(out_dir / REPORT_FILE, render_report(data), force, newline=False)
     return targets
 
@@ -177,10 +182,14 @@ def _drill_items(drills, captures) -> list:
 @click.option("--layers", is_flag=True,
               help="Break every capture's step down by model layer (NVTX layer ranges, e.g. SGLang's "
                    "--enable-layerwise-nvtx-marker); captures given a --mapping always are.")
+@click.option("--to", "to", default=None,
+              help="Target GPU preset: add an 'On the target' section projecting the first capture there.")
+@click.option("--to-tp", type=click.IntRange(min=1), default=None, help="Tensor-parallel size on the target (--to).")
+@click.option("--to-layers", type=click.IntRange(min=1), default=None, help="Layers of the real model (--to).")
 @click.option("--force", is_flag=True, help="Overwrite an existing report (report.md and charts) in the folder.")
 @cache_option
-def report(captures, output, steps, skip_steps, rules, hardware, labels, changed, samples, mappings, layers, force,
-           ledger_path, drills, graph_twins):
+def report(captures, output, steps, skip_steps, rules, hardware, labels, changed, samples, mappings, layers, to, to_tp,
+           to_layers, force, ledger_path, drills, graph_twins):
     """Write the bottleneck report of CAPTURES to OUTPUT/report.md, with PNG charts.
 
     CAPTURES are Nsight Systems SQLite exports, .nsys-rep reports or torch-profiler traces; the first is the
@@ -227,6 +236,12 @@ def report(captures, output, steps, skip_steps, rules, hardware, labels, changed
                                   ledger_path, drills, skip_steps) + (" --layers" if layers else "")
                     + "".join(f" --graph-twin {shlex.quote(t)}" for t in graph_twins))
     data.campaign, data.campaign_ledger = campaign, ledger_path
+    if to:
+        from profattr.limits.project_commands import project_capture
+
+        data.projection = project_capture(Path(captures[0]), to, tp=to_tp, layers=to_layers, steps=steps)
+        data.command += f" --to {shlex.quote(to)}" + (f" --to-tp {to_tp}" if to_tp else "") + (
+            f" --to-layers {to_layers}" if to_layers else "")
     written = write_report(data, output, force=force)
     click.echo(f"wrote {written[0]} and {len(written) - 1} chart(s)")
 

@@ -8,12 +8,15 @@ from __future__ import annotations
 
 from profattr import __version__
 from profattr.report import why_slow
-from profattr.report.budget_view import category_share, category_table_md, layer_name, precision_markdown
+from profattr.report.budget_view import (category_share, category_table_md, decided_by_lines, layer_name,
+                                        precision_markdown)
 from profattr.report.campaign import campaign_section
 from profattr.report.escape import md_escape
 from profattr.report.bottlenecks import ranks_diff
 from profattr.report.md_diff import diff_explanation, diff_section  # noqa: F401  (diff_explanation: for callers)
 from profattr.report.md_runtime import launch_section, tp_section
+from profattr.report.timeline import timeline_section
+from profattr.report.distribution_view import distribution_section
 from profattr.report.shapes import short_kernel_line, shape_rows
 from profattr.report.md_table import (  # noqa: F401  (code_block: for campaign.py)
     _devices_label, _multi_device, _pct, _short, _table, code_block)
@@ -39,16 +42,25 @@ def render_report(data) -> str:
     out += category_chart_section(data)
     out += campaign_section(data)
     out += launch_section(data)
+    out += timeline_section(data, data.out_dir) + distribution_section(data, data.out_dir)
     out += tp_section(data)
     out += diff_section(data)
     out += lint_section(data)
     out += gap_section(data)
+    out += projection_section(data)
     return "\n".join(out).rstrip("\n") + "\n"
 
 
 # --- summary and bottlenecks --------------------------------------------------------------------------------------
 
 SWEEP_CATEGORIES = 4  # the largest categories (over all captures) shown per row of the batch sweep
+
+
+def projection_section(data) -> list:
+    """On the target: the first capture's step projected with `report --to` (report/md_project.py)."""
+    from profattr.report.md_project import section
+
+    return section(getattr(data, "projection", None))
 
 
 def sweep_section(data) -> list:
@@ -277,6 +289,10 @@ def budget_section(data) -> list:
                 out += ["GEMMs by the precision of their weights and how the math ran (from the kernel rules: "
                         "`W4A16` kernels read FP4 weights and multiply in BF16; native FP4 needs SM100/SM120):"]
                 out += precision + [""]
+            evidence = decided_by_lines(d)
+            if evidence:
+                out += [md_escape(evidence[0]), ""]
+                out += [f"- {md_escape(line.strip())}" for line in evidence[1:]] + ([""] if len(evidence) > 1 else [])
             out += _layer_table(d)
     return out
 

@@ -18,6 +18,8 @@ names with ``--rules``. A rules file holds::
     evidence = "observed"           # observed | source | derived (user files may also say "user")
     nvtx = '(?i)moe|experts'        # optional: applies only inside an NVTX range matching this regex
     priority = 240                  # optional: overrides the file's priority
+    strength = "weak"               # optional: strong (default) or weak; a weak rule is a naming-convention
+                                    # guess or a generic fallback, and the launch context may overrule it
     note = "..."                    # optional
     weight_dtype = "fp4"            # optional, GEMM rules: the precision of the weights the kernel reads
     math = "native FP4 tensor cores"  # optional, GEMM rules: how the math ran ("W4A16: unpacked to BF16 in the kernel")
@@ -47,17 +49,19 @@ else:  # pragma: no cover - exercised on Python < 3.11 only
 
 from profattr.errors import ProfattrError
 from profattr.regexguard import capped, compile_user
+from profattr.taxonomy import contexts as ctxrules
 
 RULES_DIR = Path(__file__).with_name("rules")
 UNCLASSIFIED = "unclassified"
 EVIDENCE = ("observed", "source", "derived", "user")
+STRENGTHS = ("strong", "weak")
 DEFAULT_PRIORITY = 500
 
-_RULE_KEYS = ("id", "category", "pattern", "family", "source", "evidence", "nvtx", "priority", "note",
+_RULE_KEYS = ("id", "category", "pattern", "family", "source", "evidence", "nvtx", "priority", "note", "strength",
               "weight_dtype", "math")
 _REQUIRED_SHIPPED = ("id", "category", "pattern", "family", "source", "evidence")
 _REQUIRED_USER = ("id", "category", "pattern")
-_TOP_KEYS = ("priority", "rule", "category")
+_TOP_KEYS = ("priority", "rule", "category", "context")
 _CATEGORY_ID = re.compile(r"^[a-z0-9_]+(\.[a-z0-9_]+)*$")
 _KEY_LINE = re.compile(r"""^\s*("[^"]*"|'[^']*'|[A-Za-z0-9_-]+)\s*=""")
 
@@ -88,6 +92,7 @@ class Rule:
     origin: str
     user: bool = False
     note: str = ""
+    strength: str = "strong"
     weight_dtype: str = ""
     math: str = ""
     regex: "re.Pattern[str]" = field(repr=False, compare=False, default=None)  # type: ignore[assignment]
@@ -96,18 +101,61 @@ class Rule:
 class RuleSet:
     """Ordered rules plus the category table. ``match``/``classify`` answer per kernel name."""
 
-    def __init__(self, rules: Sequence[Rule], categories: dict[str, Category]):
+    def __init__(self, rules: Sequence[Rule], categories: dict[str, Category], context_rules: Sequence = ()):
         self.rules: tuple[Rule, ...] = tuple(rules)
         self.categories = dict(categories)
+        self.context_rules = tuple(ctxrules.order(context_rules))
         self._plain = tuple(r for r in self.rules if r.nvtx is None)
-        self._context_patterns = list(dict.fromkeys(r.nvtx for r in self.rules if r.nvtx is not None))
+        self._context_patterns = list(dict.fromkeys(
+            [r.nvtx for r in self.rules if r.nvtx is not None]
+            + [c.pattern for c in self.context_rules if c.kind == "nvtx_module"]))
         self._context_regexes = [(p, re.compile(p)) for p in self._context_patterns]
         self._cache: dict[tuple, Optional[Rule]] = {}
+        self._decisions: dict[tuple, ctxrules.Decision] = {}
 
     @property
     def context_patterns(self) -> list[str]:
-        """Distinct ``nvtx`` regexes of the rules, in match order."""
+        """Distinct NVTX regexes: the ``nvtx`` conditions of the rules, then the nvtx_module context rules'."""
         return list(self._context_patterns)
+
+    @property
+    def torch_op_rules(self) -> list:
+        """The torch_op context rules, in match order (their ``key`` goes into ``contexts``)."""
+        return [c for c in self.context_rules if c.kind == "torch_op"]
+
+    def torch_op_contexts(self, op_names: Iterable[str]) -> frozenset[str]:
+        """The torch_op context keys that the launching operator name(s) ``op_names`` match."""
+        names = [capped(n) for n in op_names if n]
+        return frozenset(c.key for c in self.torch_op_rules if any(c.regex.search(n) for n in names))
+
+    @property
+    def python_frame_rules(self) -> list:
+        """The python_frame context rules, in match order."""
+        return [c for c in self.context_rules if c.kind == "python_frame"]
+
+    def python_frame_contexts(self, frames: Iterable[str]) -> frozenset[str]:
+        """The python_frame context keys that any frame of a launch's Python stack ``frames`` matches."""
+        names = [capped(n) for n in frames if n]
+        return frozenset(c.key for c in self.python_frame_rules if any(c.regex.search(n) for n in names))
+
+    def decide(self, name: str, contexts: Iterable[str] = frozenset(), short: Optional[str] = None
+               ) -> "ctxrules.Decision":
+        """Category of ``name`` and the evidence that decided it (contexts.decide): a certain name rule, else the
+        launch context (``contexts`` holds NVTX patterns, see contexts_for, and torch_op keys), else a weak rule."""
+        ctx = contexts if isinstance(contexts, frozenset) else frozenset(contexts)
+        key = (name, ctx, short)
+        found = self._decisions.get(key)
+        if found is None:
+            rule = self.match(name, ctx, short)
+            matched = [c for c in self.context_rules if c.key in ctx]
+            found = self._decisions[key] = ctxrules.decide(rule, matched, UNCLASSIFIED)
+        return found
+
+    def matches(self, name: str, contexts: Iterable[str] = frozenset()) -> list:
+        """Every rule whose pattern matches ``name`` under ``contexts``, in match order (for --explain)."""
+        ctx = frozenset(contexts)
+        text = capped(name or "")
+        return [r for r in self.rules if (r.nvtx is None or r.nvtx in ctx) and r.regex.search(text)]
 
     def contexts_for(self, range_names: Iterable[str]) -> frozenset[str]:
         """The ``nvtx`` patterns that at least one of ``range_names`` (enclosing NVTX ranges) matches."""
@@ -171,11 +219,24 @@ def load_rules(extra: Sequence[PathLike] = ()) -> RuleSet:
     shipped_tables, shipped_categories = _shipped()
     categories = dict(shipped_categories)
     user_tables: list[tuple[_RawRule, ...]] = []
+    user_context_files = []
     for index, path in enumerate(extra):
         raw, declared = _read_file(Path(path), user=True, file_index=index)
         for category in declared:
             categories.setdefault(category.id, category)
         user_tables.append(raw)
+        user_context_files.append(Path(path))
+    context_rules = list(_shipped_contexts())
+    for path in user_context_files:
+        text = path.read_bytes().decode("utf-8")
+        context_rules.extend(ctxrules.build(path, tomllib.loads(text), text, categories, user=True))
+    seen_contexts: dict[str, str] = {}
+    for c in context_rules:
+        if c.id in seen_contexts and c.user:
+            context_rules = [x for x in context_rules if not (x.id == c.id and not x.user)]
+        elif c.id in seen_contexts:
+            raise ProfattrError(f"{c.origin}: context id '{c.id}' is already defined at {seen_contexts[c.id]}")
+        seen_contexts[c.id] = c.origin
 
     user_rules: dict[str, Rule] = {}
     for raw_rules in user_tables:
@@ -188,7 +249,7 @@ def load_rules(extra: Sequence[PathLike] = ()) -> RuleSet:
             user_rules[rule.id] = rule
     shipped_rules = [r for r in shipped_tables if r.id not in user_rules]
     ordered = _order(list(user_rules.values())) + _order(shipped_rules)
-    return RuleSet(ordered, categories)
+    return RuleSet(ordered, categories, context_rules)
 
 
 # --- internals ---------------------------------------------------------------------------------------
@@ -230,6 +291,15 @@ def _shipped() -> tuple[tuple[Rule, ...], dict[str, Category]]:
         seen[rule.id] = rule.origin
         rules.append(rule)
     return tuple(rules), categories
+
+
+@functools.lru_cache(maxsize=1)
+def _shipped_contexts() -> tuple:
+    categories = _shipped()[1]
+    out = []
+    for path, data, text in ctxrules.shipped_tables():
+        out.extend(ctxrules.build(path, data, text, categories, user=False))
+    return tuple(out)
 
 
 def _read_file(path: Path, user: bool, file_index: int) -> tuple[tuple[_RawRule, ...], list[Category]]:
@@ -335,7 +405,7 @@ def _build_rule(raw: _RawRule, categories: dict[str, Category]) -> Rule:
         value = table.get(key)
         if not isinstance(value, str) or not value:
             raise ProfattrError(f"{where(key)}: {label}: '{key}' is required and must be a non-empty string")
-    for key in ("family", "source", "evidence", "nvtx", "note", "weight_dtype", "math"):
+    for key in ("family", "source", "evidence", "nvtx", "note", "strength", "weight_dtype", "math"):
         if key in table and not isinstance(table[key], str):
             raise ProfattrError(f"{where(key)}: {label}: '{key}' must be a string")
 
@@ -347,6 +417,9 @@ def _build_rule(raw: _RawRule, categories: dict[str, Category]) -> Rule:
     if evidence not in EVIDENCE:
         raise ProfattrError(f"{where('evidence')}: {label}: evidence must be one of {', '.join(EVIDENCE)}, "
                             f"got '{evidence}'")
+    strength = table.get("strength", "strong")
+    if strength not in STRENGTHS:
+        raise ProfattrError(f"{where('strength')}: {label}: strength must be strong or weak, got '{strength}'")
     priority = table.get("priority", raw.file_priority)
     if not isinstance(priority, int) or isinstance(priority, bool):
         raise ProfattrError(f"{where('priority')}: {label}: priority must be an integer, got {priority!r}")
@@ -359,7 +432,7 @@ def _build_rule(raw: _RawRule, categories: dict[str, Category]) -> Rule:
         _compile(nvtx, where("nvtx"), label, "nvtx", raw.user)
     return Rule(id=rid, category=category, pattern=table["pattern"], family=table.get("family", "user"),
                 source=table.get("source", ""), evidence=evidence, nvtx=nvtx, priority=priority,
-                origin=raw.origin, user=raw.user, note=table.get("note", ""),
+                origin=raw.origin, user=raw.user, note=table.get("note", ""), strength=strength,
                 weight_dtype=table.get("weight_dtype", ""), math=table.get("math", ""), regex=regex)
 
 

@@ -9,6 +9,10 @@ What a trace holds (torch 2.x, CUPTI activities), and how it maps:
   the kernels of each replay in GPU start order);
 - `cat` user_annotation: CPU-side ranges (`record_function`, SGLang's `step[DECODE bs=N]` spans, `ProfilerStep#N`),
   the ranges of the NVTX projection;
+- `cat` cpu_op: the torch operators (`aten::mm`, `sgl_kernel::moe_align_block_size`, `vllm::...`) on (pid, tid); the
+  innermost one around a kernel's launch call is the op that launched it (`torch_ops`, the launch context);
+- `cat` python_function (traces recorded with_stack): the Python frames on (pid, tid), `file.py(line): function`;
+  the frames around a launch are its Python stack (`python_frames`);
 - top level: `deviceProperties` (GPUs), `distributedInfo` (rank, world size), `baseTimeNanoseconds`, versions.
 Times: `ts` and `dur` are microseconds; ns = round(us * 1000). Ranks are told apart by file: file k's processes and
 threads get k in their high bits; the ranks of one run share the host clock, so their times line up.
@@ -35,6 +39,8 @@ from profattr.trace.validate import INT31, TORCH_NAMES, Claims
 GPU_CATS = {"kernel": KIND_KERNEL, "gpu_memcpy": KIND_MEMCPY, "gpu_memset": KIND_MEMSET}
 API_CATS = ("cuda_runtime", "cuda_driver")
 RANGE_CATS = ("user_annotation",)
+OP_CATS = ("cpu_op",)
+FRAME_CATS = ("python_function",)
 # "Memcpy HtoD (Pinned -> Device)" -> ENUM_CUDA_MEMCPY_OPER codes, as in nsys exports
 COPY_CODES = {"HtoD": 1, "DtoH": 2, "HtoA": 3, "AtoH": 4, "AtoA": 5, "AtoD": 6, "DtoA": 7, "DtoD": 8, "HtoH": 9,
               "PtoP": 10}
@@ -128,6 +134,8 @@ class KinetoTrace:
                               "bx", "by", "bz", "regs"])
         self._api = _Columns(["tid", "start", "end", "key", "name"])
         self._ranges = _Columns(["tid", "start", "end", "name"])
+        self._torch_ops = _Columns(["tid", "start", "end", "name"])
+        self._frames = _Columns(["tid", "start", "end", "name"])
         self.skipped: dict = {}
         self.gpus: list = []
         self.ranks: list = []
@@ -151,7 +159,9 @@ class KinetoTrace:
         self._gpu_arrays = self._unique(self._gpu.arrays(), "GPU events")
         self._api_arrays = self._unique(self._api.arrays(), "CUDA API events")
         self._range_arrays = self._unique(self._ranges.arrays(), "user_annotation events")
-        del self._gpu, self._api, self._ranges
+        self._op_arrays = self._torch_ops.arrays()
+        self._frame_arrays = self._frames.arrays()
+        del self._gpu, self._api, self._ranges, self._torch_ops, self._frames
         self.claims = Claims(self.path, None, names=TORCH_NAMES, skipped={
             "trace events": {**self.skipped, "rows": sum(self.skipped.values())}} if self.skipped else None)
         self.claims.window(self._gpu_arrays["start"])  # the time range, from the GPU work, before anything asks
@@ -228,7 +238,8 @@ class KinetoTrace:
     def _events(self, index: int, events) -> None:
         high = index << FILE_SHIFT
         key_high = index << 32
-        gpu_add, api_add, range_add = self._gpu.add, self._api.add, self._ranges.add
+        gpu_add, api_add, range_add, op_add = self._gpu.add, self._api.add, self._ranges.add, self._torch_ops.add
+        frame_add = self._frames.add
         intern, skip = self._intern, self._skip
         for ev in events:
             if not isinstance(ev, dict) or ev.get("ph") != "X":
@@ -263,6 +274,14 @@ class KinetoTrace:
                 elif cat in RANGE_CATS:
                     start = round(float(ev["ts"]) * 1000)
                     range_add(high | int(ev["tid"]), start, start + round(float(ev["dur"]) * 1000),
+                              intern(str(ev["name"])))
+                elif cat in OP_CATS:
+                    start = round(float(ev["ts"]) * 1000)
+                    op_add(high | int(ev["tid"]), start, start + round(float(ev["dur"]) * 1000),
+                           intern(str(ev["name"])))
+                elif cat in FRAME_CATS:
+                    start = round(float(ev["ts"]) * 1000)
+                    frame_add(high | int(ev["tid"]), start, start + round(float(ev["dur"]) * 1000),
                               intern(str(ev["name"])))
             except (KeyError, TypeError, ValueError, IndexError, OverflowError, AttributeError):
                 skip(f"{cat} events without the fields they need")
@@ -335,6 +354,20 @@ class KinetoTrace:
         return self.claims.ranges(pd.DataFrame({"start": r["start"], "end": r["end"], "tid": r["tid"],
                                                 "text": pd.Series([names[int(i)] for i in r["name"]], dtype=object),
                                                 "domain": ""}))
+
+    def torch_ops(self) -> pd.DataFrame:
+        """The torch operators (cpu_op events) as start, end, tid, text; empty when the trace recorded none."""
+        r = self._op_arrays
+        names = self.strings(np.unique(r["name"]))
+        return pd.DataFrame({"start": r["start"], "end": r["end"], "tid": r["tid"],
+                             "text": pd.Series([names[int(i)] for i in r["name"]], dtype=object)})
+
+    def python_frames(self) -> pd.DataFrame:
+        """The Python frames (python_function events) as start, end, tid, text; empty without with_stack."""
+        r = self._frame_arrays
+        names = self.strings(np.unique(r["name"]))
+        return pd.DataFrame({"start": r["start"], "end": r["end"], "tid": r["tid"],
+                             "text": pd.Series([names[int(i)] for i in r["name"]], dtype=object)})
 
     def _api_kinds(self) -> np.ndarray:
         a = self._api_arrays

@@ -1,0 +1,87 @@
+"""The spread of a device's step over its steps, not only the mean: per category, for the step span and its idle
+time, and (where the attribution is at hand) for the largest kernels.
+
+A category's value in a step is its exclusive time there (exclusive.py: its share of the step's busy time), so the
+categories and idle of a step add up to its span; a kernel's is its summed op time. For each series (one value per
+step of the device, in ms; 0 for a step where a category or kernel did not run):
+median, p90 (numpy's linear percentile), max, mean, and the outlier steps: those above median + 3 x MAD (the median
+absolute deviation, scaled by 1.4826 to a normal sigma) and above median + 5% (so that a series tighter than its
+timer's noise names no step), plus, for the step span, the warm-up steps the
+steady-state check finds (steady.py). Steps are named by the budget's step index (the `step` of per_step).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+NS_PER_MS = 1e6
+MAD_FACTOR = 3.0
+MAD_SIGMA = 1.4826  # MAD x this estimates the standard deviation of normal data
+MIN_EXCESS = 0.05  # an outlier is at least this share above the median
+TOP_KERNELS = 5
+MAX_OUTLIERS = 20  # steps listed per series; `outliers` counts them all
+
+
+def spread(values_ns: np.ndarray, steps: np.ndarray) -> dict:
+    """median, p90, max and mean (ms) of one value per step, and the steps above median + 3 x MAD."""
+    v = np.asarray(values_ns, dtype=np.float64)
+    if not len(v):
+        return {"median_ms": 0.0, "p90_ms": 0.0, "max_ms": 0.0, "mean_ms": 0.0, "mad_ms": 0.0, "outliers": 0,
+                "outlier_steps": []}
+    median = float(np.median(v))
+    mad = float(np.median(np.abs(v - median)))
+    above = np.flatnonzero(v > median + max(MAD_FACTOR * MAD_SIGMA * mad, MIN_EXCESS * median))
+    above = above[np.argsort(-v[above], kind="stable")]
+    return {"median_ms": median / NS_PER_MS, "p90_ms": float(np.percentile(v, 90)) / NS_PER_MS,
+            "max_ms": float(v.max()) / NS_PER_MS, "mean_ms": float(v.mean()) / NS_PER_MS, "mad_ms": mad / NS_PER_MS,
+            "outliers": int(len(above)), "outlier_steps": [int(s) for s in steps[above][:MAX_OUTLIERS]]}
+
+
+def device_distributions(d_steps: pd.DataFrame, d_exclusive: pd.DataFrame | None) -> dict:
+    """The `distributions` block of one device from its per_step rows and its exclusive time per (step, category)
+    (columns step, category, exclusive_ns; None: only the step and idle series)."""
+    from profattr.attribute.steady import steady_state
+
+    d_steps = d_steps.sort_values("start_ns")
+    steps = d_steps["step"].to_numpy(np.int64)
+    span = d_steps["span_ns"].to_numpy(np.int64)
+    step = spread(span, steps)
+    warm = steady_state(span).warmup_steps
+    step["warmup_steps"] = [int(s) for s in steps[:warm]]
+    out = {"steps": int(len(steps)),
+           "outlier_rule": f"above median + max({MAD_FACTOR:g} x 1.4826 x MAD, {MIN_EXCESS:.0%} of the median)",
+           "category_time": "exclusive", "step": step,
+           "idle": spread(span - d_steps["busy_ns"].to_numpy(np.int64), steps), "categories": []}
+    if d_exclusive is not None and len(d_exclusive):
+        table = per_step_table(d_exclusive, "category", steps, "exclusive_ns")
+        for name in table.sum(axis=0).sort_values(ascending=False).index:
+            out["categories"].append({"category": str(name), **spread(table[name].to_numpy(), steps)})
+    return out
+
+
+def per_step_table(frame: pd.DataFrame, key: str, steps: np.ndarray, value: str = "ns") -> pd.DataFrame:
+    """`value` per (step, `key`) as a steps x keys table in the order of `steps`, 0 where a key did not run."""
+    table = frame.pivot_table(index="step", columns=key, values=value, aggfunc="sum", fill_value=0)
+    return table.reindex(steps, fill_value=0)
+
+
+def kernel_distributions(budget, top: int = TOP_KERNELS) -> None:
+    """Add `kernels` (the `top` largest kernels by time, by short name) to each device's `distributions`, from the
+    budget's attribution."""
+    att = budget.attribution
+    if att is None:
+        return
+    names = att.combos["name"].to_numpy()[att.combo]
+    inside = att.step >= 0
+    frame = pd.DataFrame({"device": att.ops.device[inside], "step": att.step[inside], "name": names[inside],
+                          "ns": att.ops.duration_ns[inside]})
+    for d in budget.devices:
+        dist = d.get("distributions")
+        if dist is None:
+            continue
+        sel = frame[frame["device"] == d["device"]]
+        steps = budget.per_step.loc[budget.per_step["device"] == d["device"]].sort_values("start_ns")["step"]
+        steps = steps.to_numpy(np.int64)
+        order = sel.groupby("name")["ns"].sum().sort_values(ascending=False).index[:top]
+        table = per_step_table(sel[sel["name"].isin(order)], "name", steps)
+        dist["kernels"] = [{"name": str(n), **spread(table[n].to_numpy(), steps)} for n in order]

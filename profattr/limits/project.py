@@ -1,0 +1,235 @@
+"""Projection of a decode step measured on one GPU to another GPU, tensor-parallel size or layer count.
+
+`project_budget(budget, source, target, host, ...)` is pure: it takes a `profattr.budget/1` dict (the source
+capture), the source and target ModelSpecs (the same model at the source's and the target's per-rank shapes), both
+HardwareSpecs and the host figures of the source (attribute/host_cycle.py), and returns `profattr.project/1`.
+
+The model, per launch shape of every kernel in the source (the budget's shape rows):
+- bytes: a launch of a category whose floor row moves bytes (specs/category_floors.toml) moves, on the target, its
+  source bytes times the row's per-launch byte ratio: (row bytes on the target / row bytes on the source) /
+  (launches on the target / launches on the source); rows are the same floor rows `profattr gap` uses (floor.py);
+- time: t = max(t_fixed, d_source * byte_ratio * BW_source / BW_target): the source's own duration carries the
+  efficiency that kernel reached (achieved bytes/s over the source's bandwidth) to the target's bandwidth;
+  t_fixed, the latency floor of the kernel's family, is the shortest mean duration of any launch shape of that
+  kernel name in the source, scaled by the SM clock ratio (source / target);
+- categories with no bytes floor (elementwise, quantization, rope, ...), and rows whose bytes at the source's
+  bandwidth explain under 5% of their source time (latency-bound), keep their source duration per launch, scaled
+  by the clock ratio;
+- a category's time is at least its FLOPs over the target's dense peak for its precision;
+- launches per step: per layer, times target layers / source layers (MoE categories: MoE layers); shapes that run
+  once per step (lm_head, sampling) stay once;
+- the step's GPU busy time keeps the source's overlap: each category's exclusive time scales with its time;
+- collectives: an all-reduce per attention and per MLP block, and one more per step ((2 x layers + 1) per step) of
+  hidden_size x batch x 2 bytes, from the target's measured small-message all-reduce latencies (limits/hardware.py;
+  ring NCCL or one-shot), kept apart from compute; the source's own comm kernels are left out;
+- host: the source's idle inside the step is carried over; when the host's measured cycle (graph launch to graph
+  launch, less synchronizing waits) is longer than the projected GPU step, the step is host-bound and takes the
+  measured host lead (step range start to the end of the graph launch call) plus the projected GPU time.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, Mapping, Optional
+
+from profattr.limits.gap import fit_precision_rows, floor_loads, row_of
+from profattr.limits.hardware import HardwareSpec
+from profattr.limits.model import ModelSpec, tensor_category
+
+SCHEMA = "profattr.project/1"
+COMM_PREFIX = "comm"
+# a row whose bytes explain under this share of its source time is latency-bound: its launches keep their duration
+LATENCY_BOUND_EFFICIENCY = 0.05
+INTERCONNECTS = {"pcie5": "pcie", "nvlink": "nvlink", "none": None}
+
+
+def _moe_layers(spec: ModelSpec) -> int:
+    cfg = spec.config or {}
+    dense = int(cfg.get("first_k_dense_replace", 0) or 0)
+    return max(spec.num_layers - dense, 1) if cfg.get("n_routed_experts") else spec.num_layers
+
+
+def _count_ratio(category: str, source: ModelSpec, target: ModelSpec) -> float:
+    if category.startswith("moe"):
+        return _moe_layers(target) / _moe_layers(source)
+    return target.num_layers / source.num_layers
+
+
+def _gpu(budget: Mapping[str, Any], device: Any) -> Dict[str, Any]:
+    for g in (budget.get("capture") or {}).get("gpus") or []:
+        if g.get("id") == device:
+            return g
+    return {}
+
+
+def _row_efficiency(device: Mapping[str, Any], row: str, loads: Mapping[str, Mapping[str, float]],
+                    bandwidth_bytes_per_s: float) -> float:
+    """Achieved share of the source's bandwidth by a floor row: its bytes over its measured time."""
+    ms = sum(float(c["ms_per_step"]) for c in device.get("categories", []) if row_of(str(c["category"]), loads) == row)
+    nbytes = loads.get(row, {}).get("bytes", 0.0)
+    return nbytes / (ms * 1e-3) / bandwidth_bytes_per_s if ms > 0 and nbytes > 0 else 0.0
+
+
+def project_device(device: Mapping[str, Any], gpu: Mapping[str, Any], source: ModelSpec, target: ModelSpec,
+                   src_hw: HardwareSpec, dst_hw: HardwareSpec) -> Dict[str, Any]:
+    """Per category: source ms, projected ms, and how (bytes ratio, bandwidth ratio, latency floors)."""
+    bw_s = float(gpu.get("memoryBandwidth") or src_hw.memory_bandwidth_bytes_per_s.value)
+    clock_s = float(gpu.get("clockRate") or (src_hw.clock_hz.value if src_hw.clock_hz else 0) or 0)
+    clock_t = dst_hw.clock_hz.value if dst_hw.clock_hz else clock_s
+    clock_ratio = clock_s / clock_t if clock_s and clock_t else 1.0
+    bw_ratio = bw_s / dst_hw.memory_bandwidth_bytes_per_s.value
+    cats = [str(c["category"]) for c in device.get("categories", [])]
+    loads_s = fit_precision_rows(floor_loads(source, src_hw), cats)
+    loads_t = fit_precision_rows(floor_loads(target, dst_hw), cats)
+    kernels = [k for k in device.get("kernels") or [] if not str(k["category"]).startswith(COMM_PREFIX)]
+    if source.dsa_runs and not target.dsa_runs:  # the target's engine runs dense MLA: no indexer kernels
+        indexer = tensor_category("indexer_keys_read")
+        kernels = [k for k in kernels if row_of(str(k["category"]), {indexer: {}}) != indexer]
+    by_cat: Dict[str, Dict[str, Any]] = {}
+    for k in kernels:
+        cat = str(k["category"])
+        row = row_of(cat, loads_s)
+        src_bytes = loads_s.get(row, {}).get("bytes", 0.0)
+        tgt_bytes = loads_t.get(row, {}).get("bytes", 0.0)
+        ratio_n = _count_ratio(cat, source, target)
+        row_eff = _row_efficiency(device, row, loads_s, bw_s)
+        latency_bound = src_bytes > 0 and row_eff < LATENCY_BOUND_EFFICIENCY
+        byte_ratio = (tgt_bytes / src_bytes) / ratio_n if src_bytes > 0 and not latency_bound else None
+        shapes = k.get("shapes") or [{"count_per_step": k["count_per_step"], "mean_us": k["mean_us"],
+                                      "ms_per_step": k["ms_per_step"]}]
+        t_fixed_us = min(float(s["mean_us"]) for s in shapes) * clock_ratio
+        entry = by_cat.setdefault(cat, {"category": cat, "row": row if src_bytes > 0 else None,
+                                        "source_efficiency": row_eff if src_bytes > 0 else None,
+                                        "latency_bound": latency_bound,
+                                        "source_ms": 0.0, "bandwidth_ms": 0.0, "projected_ms": 0.0,
+                                        "launches_source": 0.0, "launches_target": 0.0, "at_latency_floor": 0.0,
+                                        "byte_ratio_per_launch": byte_ratio, "t_fixed_us": t_fixed_us})
+        for s in shapes:
+            n_s = float(s["count_per_step"])
+            n_t = n_s if abs(n_s - 1.0) < 1e-9 else n_s * ratio_n
+            d_s = float(s["mean_us"])
+            if byte_ratio is None:
+                d_t = bw_part = d_s * clock_ratio
+            else:
+                bw_part = d_s * byte_ratio * bw_ratio
+                d_t = max(t_fixed_us, bw_part)
+                if t_fixed_us >= bw_part:
+                    entry["at_latency_floor"] += n_t
+            entry["source_ms"] += n_s * d_s / 1e3
+            entry["bandwidth_ms"] += n_t * bw_part / 1e3
+            entry["projected_ms"] += n_t * d_t / 1e3
+            entry["launches_source"] += n_s
+            entry["launches_target"] += n_t
+    rows = []
+    for c in device.get("categories", []):
+        cat = str(c["category"])
+        if cat not in by_cat:
+            continue
+        e = by_cat[cat]
+        compute_ms = loads_t.get(e["row"], {}).get("compute_s", 0.0) * 1e3 if e["row"] else 0.0
+        e["compute_floor_ms"] = compute_ms
+        e["projected_ms"] = max(e["projected_ms"], compute_ms)
+        src_ms = float(c["ms_per_step"])
+        excl = float(c.get("exclusive_ms_per_step", src_ms))
+        e["exclusive_projected_ms"] = e["projected_ms"] * (excl / src_ms if src_ms > 0 else 1.0)
+        e["target_floor_bytes"] = loads_t.get(e["row"], {}).get("bytes") if e["row"] else None
+        rows.append(e)
+    rows.sort(key=lambda r: -r["projected_ms"])
+    return {"device": device.get("device"), "categories": rows, "bandwidth_ratio": bw_ratio,
+            "clock_ratio": clock_ratio, "source_bandwidth_bytes_per_s": bw_s,
+            "target_bandwidth_bytes_per_s": dst_hw.memory_bandwidth_bytes_per_s.value,
+            "gpu_ms": math.fsum(r["exclusive_projected_ms"] for r in rows),
+            "source_step_ms": float(device.get("step_ms", 0.0)),
+            "source_mean_step_ms": float(device.get("mean_step_ms", 0.0)),
+            "source_busy_ms": float(device.get("busy_ms_per_step", 0.0)),
+            "source_idle_ms": float(device.get("idle_ms_per_step", 0.0))}
+
+
+def collectives(target: ModelSpec, hw: HardwareSpec, interconnect: Optional[str], impl: str) -> Dict[str, Any]:
+    """All-reduces per step on the target: count, message, latency each (measured points) and ms per step."""
+    n = (2 * target.num_layers + 1) if target.tp > 1 else 0
+    message = target.hidden_size * target.batch * 2
+    if not n or interconnect is None:
+        return {"ms": 0.0, "count": n, "message_bytes": message, "impl": impl, "interconnect": interconnect or "none",
+                "detail": "no tensor parallelism" if not n else "--interconnect none: collectives not counted"}
+    us, how = hw.allreduce_us(impl, target.tp, message)
+    return {"ms": n * us / 1e3, "count": n, "message_bytes": message, "impl": impl, "us_each": us,
+            "interconnect": interconnect, "detail": how, "source": hw.allreduce[impl].source}
+
+
+def project_budget(budget: Mapping[str, Any], source: ModelSpec, target: ModelSpec, src_hw: HardwareSpec,
+                   dst_hw: HardwareSpec, host: Optional[Mapping[str, Any]], *, interconnect: Optional[str],
+                   allreduce: str = "oneshot", host_mode: str = "measured") -> Dict[str, Any]:
+    """`profattr.project/1`: the predicted ms per decode step on the target and every assumption."""
+    devices = budget.get("devices") or []
+    if not devices:
+        from profattr.errors import ProfattrError
+
+        raise ProfattrError("the capture's budget has no device with decode steps; project a decode capture")
+    projected = [project_device(d, _gpu(budget, d.get("device")), source, target, src_hw, dst_hw) for d in devices]
+    dev = max(projected, key=lambda p: p["gpu_ms"])  # the slowest rank sets the step
+    comm = collectives(target, dst_hw, interconnect, allreduce)
+    gpu_ms = dev["gpu_ms"]
+    host_ms, host_bound, host_detail = 0.0, False, "--host none: host time dropped"
+    if host_mode == "measured":
+        host_ms = dev["source_idle_ms"]
+        host_detail = "GPU idle inside the source's steps, carried over as measured"
+        if host and host.get("host_lead_ms") is not None and host["host_cycle_ms"] > gpu_ms + comm["ms"] + host_ms:
+            host_bound = True
+            host_ms = float(host["host_lead_ms"])
+            host_detail = (f"host-bound: the source host's cycle {host['host_cycle_ms']:.3f} ms exceeds the projected "
+                           f"GPU step; the step takes the host lead {host_ms:.3f} ms (step range start to end of "
+                           "the graph launch call) plus the GPU time")
+    predicted = gpu_ms + comm["ms"] + host_ms
+    floor_ms = math.fsum((r["target_floor_bytes"] or 0.0) for r in dev["categories"]) / \
+        dst_hw.memory_bandwidth_bytes_per_s.value * 1e3
+    waterfall = [{"component": "floor (bytes at peak bandwidth)", "ms": floor_ms}]
+    for r in dev["categories"]:
+        floor_r = (r["target_floor_bytes"] or 0.0) / dst_hw.memory_bandwidth_bytes_per_s.value * 1e3
+        waterfall.append({"component": r["category"], "ms": r["exclusive_projected_ms"] - floor_r})
+    waterfall.append({"component": f"collectives ({comm['impl']}, {comm['interconnect']})", "ms": comm["ms"]})
+    waterfall.append({"component": "host (" + ("host-bound lead" if host_bound else "idle inside the step") + ")",
+                      "ms": host_ms})
+    band = None  # set by the caller from the projections of replicate captures
+    assumptions = [
+        "per launch shape: t = max(t_fixed, d_source x byte ratio per launch x BW_source / BW_target); t_fixed = the "
+        "kernel name's shortest mean duration over its launch shapes in the source, x SM clock source/target",
+        "byte ratio per launch: floor-row bytes on the target / on the source (profattr gap's rows), over the "
+        "launch-count ratio; every shape of a row scales alike (replicated and sharded weights of one row mixed)",
+        "categories without a bytes floor, and rows whose bytes explain under "
+        f"{LATENCY_BOUND_EFFICIENCY:.0%} of their source time (latency-bound: norms, decode attention at short "
+        "context), keep their source duration per launch, x the clock ratio",
+        "a category takes at least its FLOPs over the target's dense peak for its precision",
+        f"launches per step scale with layers ({source.num_layers} -> {target.num_layers}; MoE categories with MoE "
+        "layers); shapes run once per step stay once",
+        "each category keeps its source share of time overlapped with other streams",
+        f"model at the target: tp {target.tp}, {target.num_layers} layers, {target.quant}, batch {target.batch}, "
+        f"context {target.context_len}; weights split as sharding.toml says (heads, expert intermediate, vocab "
+        "split; q_a/kv_a, indexer, router, norms replicated)",
+        f"collectives: {comm['count']} all-reduces of {comm['message_bytes']} B per step ({comm['detail']})",
+        f"host: {host_detail}; host figures are measured under the profiler (node-level graph tracing makes each "
+        "cudaGraphLaunch slower than unprofiled) and assume the target's host is as fast as the source's",
+        f"bandwidth: source {dev['source_bandwidth_bytes_per_s'] / 1e12:.3f} TB/s (capture), target "
+        f"{dst_hw.memory_bandwidth_bytes_per_s.value / 1e12:.3f} TB/s ({dst_hw.memory_bandwidth_bytes_per_s.source})",
+        *source.notes,
+    ]
+    if source.dsa_runs and not target.dsa_runs:
+        assumptions.append(f"{dst_hw.id}: the engine does not run the DSA indexer there (hardware preset dsa_runs); "
+                           "the source's attention.indexer kernels are left out and attention reads the whole context")
+    return {
+        "schema": SCHEMA,
+        "capture": {"path": (budget.get("capture") or {}).get("path"), "steps": (budget.get("steps") or {}).get("count"),
+                    "device": dev["device"], "measured_step_ms": dev["source_step_ms"]},
+        "source": {"hardware": src_hw.id, "model": source.describe(), "layers": source.num_layers},
+        "target": {"hardware": dst_hw.id, "name": dst_hw.name, "model": target.describe(),
+                   "layers": target.num_layers, "interconnect": comm["interconnect"], "host": host_mode},
+        "predicted_ms_per_step": predicted,
+        "tokens_per_s": 1e3 / predicted * target.batch if predicted > 0 else None,
+        "gpu_ms": gpu_ms, "collectives": comm,
+        "host": {"ms": host_ms, "host_bound": host_bound, "measured": dict(host) if host else None},
+        "floor_ms": floor_ms,
+        "band": band,
+        "categories": dev["categories"],
+        "waterfall": waterfall,
+        "bandwidth_ratio": dev["bandwidth_ratio"], "clock_ratio": dev["clock_ratio"],
+        "assumptions": assumptions,
+    }
