@@ -34,7 +34,9 @@ it holds, so a capture of the stub shows whether the driver opened the window wh
 Knobs (environment): STUB_SGLANG_STARTUP_S (seconds until healthy, default 0.5), STUB_SGLANG_STEP_MS (time per
 step, default 4), STUB_SGLANG_PROFILED_STEP_MS (inside the window, default 6), STUB_SGLANG_CRASH_AFTER_S (exit with
 code 3 after that many seconds, before becoming healthy), STUB_SGLANG_CRASH_IN_WINDOW_STEPS (die with code 4 after
-that many steps inside the profile window, as a scheduler does on a CUDA error), STUB_SGLANG_EVENTS (a file that receives one JSON line per
+that many steps inside the profile window, as a scheduler does on a CUDA error), STUB_SGLANG_REFUSE (a message: end
+the start-up with a traceback whose exception is `ValueError: MESSAGE` and exit with code 1, as SGLang does when
+it refuses a configuration at load), STUB_SGLANG_EVENTS (a file that receives one JSON line per
 launch, request and profile event).
 """
 from __future__ import annotations
@@ -64,6 +66,7 @@ STEP_MS = _env_float("STUB_SGLANG_STEP_MS", 4.0)
 PROFILED_STEP_MS = _env_float("STUB_SGLANG_PROFILED_STEP_MS", 6.0)
 CRASH_AFTER_S = os.environ.get("STUB_SGLANG_CRASH_AFTER_S")
 CRASH_IN_WINDOW_STEPS = os.environ.get("STUB_SGLANG_CRASH_IN_WINDOW_STEPS")
+REFUSE = os.environ.get("STUB_SGLANG_REFUSE")
 EVENTS = os.environ.get("STUB_SGLANG_EVENTS")
 DECODE_LOG_INTERVAL = 40
 _events_lock = threading.Lock()
@@ -402,6 +405,15 @@ def main(argv=None) -> int:
     stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
     print(f"[{stamp}] server_args=ServerArgs(model_path='{args.model_path}', tp_size={args.tp}, "
           f"moe_runner_backend='{args.moe_runner_backend}', disable_cuda_graph=True)", flush=True)
+    if REFUSE:
+        # a model load that refuses the configuration, as SGLang's scheduler does (its traceback, then exit 1):
+        # python/sglang/srt/layers/quantization/modelopt_quant.py raises for NVFP4 with a MoE runner the GPU lacks
+        time.sleep(0.2)
+        print("Traceback (most recent call last):\n  File \"sglang/srt/managers/scheduler.py\", line 1, in "
+              f"run_scheduler_process\n    raise ValueError(...)\nValueError: {REFUSE}", flush=True)
+        print(f"[{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime())}] Received sigquit from a child process. It "
+              "usually means the child failed.", flush=True)
+        return 1
     if CRASH_AFTER_S is not None:
         time.sleep(float(CRASH_AFTER_S))
         log("Scheduler hit an exception: RuntimeError: CUDA error: out of memory (simulated)")

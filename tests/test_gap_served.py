@@ -2,7 +2,8 @@
 dtype, the batch and the context all come from the run.json that `profattr capture` wrote.
 
 The expected floor bytes are counted here from the config.json in run.json (GLM-5's MLA + DSA + MoE shapes, FP8
-block weights with BF16 lm_head/embedding/norms/router, FlashMLA's 656-byte FP8 KV row); the bandwidth is read by
+block weights with one FP32 scale per 128x128 block, BF16 lm_head/embedding/norms/router/indexer weights_proj,
+FlashMLA's 656-byte FP8 KV row); the bandwidth is read by
 SQL from the capture's TARGET_INFO_GPU.
 """
 from __future__ import annotations
@@ -19,6 +20,11 @@ from profattr.cli import cli
 CAPTURES = ["glm5/glm-triton-bs1-r1", "glm5/glm-cutlass-bs4-r1", "glm5/glm-triton-bs8-r1"]
 
 
+def fp8_block(out_features: int, in_features: int, block: int = 128) -> int:
+    """Stored bytes of one FP8 weight of 128x128 blocks: 1 B per weight + one FP32 scale per block."""
+    return out_features * in_features + -(-out_features // block) * -(-in_features // block) * 4
+
+
 def expected_bytes(run: dict) -> dict:
     """Bytes one rank must read per decode step, by floor row, counted from config.json (tp 1)."""
     c = run["model_config"]
@@ -29,25 +35,29 @@ def expected_bytes(run: dict) -> dict:
     moe = layers - dense
     batch = run["requests"]["batch"]
     context = run["requests"]["input_len"] + run["requests"]["max_new_tokens"] // 2
-    fp8, bf16 = 1, 2
-    attention = (h * q_lora + q_lora * heads * (nope + rope) + h * (kv_lora + rope) + kv_lora * heads * (nope + v)
-                 + heads * v * h) * layers
-    dense_mlp = 3 * h * c["intermediate_size"] * dense
-    expert = 3 * h * c["moe_intermediate_size"]
-    shared = expert * c["n_shared_experts"] * moe
+    bf16 = 2
+    inter, moe_inter = c["intermediate_size"], c["moe_intermediate_size"]
+    attention = (fp8_block(q_lora, h) + fp8_block(heads * (nope + rope), q_lora) + fp8_block(kv_lora + rope, h)
+                 + fp8_block(heads * (nope + v), kv_lora) + fp8_block(h, heads * v)) * layers
+    dense_mlp = (2 * fp8_block(inter, h) + fp8_block(h, inter)) * dense
+    expert = 2 * fp8_block(moe_inter, h) + fp8_block(h, moe_inter)
+    shared_inter = moe_inter * c["n_shared_experts"]
+    shared = (2 * fp8_block(shared_inter, h) + fp8_block(h, shared_inter)) * moe
     routed = expert * c["num_experts_per_tok"] * moe
     lm_head = vocab * h
-    indexer_weights = (q_lora * c["index_n_heads"] * c["index_head_dim"] + h * c["index_head_dim"]
-                       + h * c["index_n_heads"] + 2 * c["index_head_dim"]) * layers
-    kv_row = kv_lora * fp8 + (kv_lora // 128) * 4 + rope * bf16  # FlashMLA FP8: 656 B
+    idx_heads, idx_dim = c["index_n_heads"], c["index_head_dim"]
+    # wq_b and wk FP8; weights_proj (a BF16 GEMM in SGLang) and the k_norm weight and bias BF16
+    indexer_weights = (fp8_block(idx_heads * idx_dim, q_lora) + fp8_block(idx_dim, h)
+                       + (h * idx_heads + 2 * idx_dim) * bf16) * layers
+    kv_row = kv_lora * 1 + (kv_lora // 128) * 4 + rope * bf16  # FlashMLA FP8: 656 B
     attended = min(context, c["index_topk"])
     return {
         # FP8 projections and MLPs run as FP8 GEMMs, the BF16 lm_head as a BF16 GEMM: one floor row each
-        "gemm.fp8": (attention + dense_mlp + shared) * fp8,
+        "gemm.fp8": attention + dense_mlp + shared,
         "gemm.bf16": lm_head * bf16,
-        "moe.gemm": routed * fp8,
+        "moe.gemm": routed,
         "attention.decode": kv_row * layers * attended * batch,
-        "attention.indexer": indexer_weights * fp8 + context * layers * (c["index_head_dim"] + 4) * batch,
+        "attention.indexer": indexer_weights + context * layers * (idx_dim + 4) * batch,
         "kv_row": kv_row,
     }
 

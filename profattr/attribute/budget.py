@@ -34,6 +34,7 @@ from profattr.attribute.comm import collective_split
 from profattr.attribute.distributions import device_distributions, kernel_distributions
 from profattr.attribute.graphs import STATUS_MAPPING, STATUS_NAMES, STATUS_UNPLACED, place_contexts
 from profattr.attribute.nvtx import Ranges, enclosed, load_ranges
+from profattr.attribute.precision import annotate as annotate_precision
 from profattr.attribute.shapes import kernel_shapes, short_kernel_stats
 from profattr.attribute.steps import Steps, find_steps
 from profattr.errors import ProfattrError
@@ -174,6 +175,7 @@ def compute_budget(path, steps: str = "auto", rules: Sequence = (), force: bool 
         finally:
             if reader is not export:
                 reader.close()
+    annotate_precision(budget.devices, ruleset)
     attribution = budget.attribution
     kernel_distributions(budget)  # the spread of the largest kernels: only where every op is at hand
     if by == "layer" or layer_range is not None:

@@ -257,11 +257,46 @@ def compute_diff(a: Side, b: Side, samples: int = BOOTSTRAP_SAMPLES, changed: st
     if changed is None and a.run and b.run and a.run.get("backend") != b.run.get("backend"):
         changed = "moe"
     result["changed"] = changed
-    result["warnings"] = same_kernel_warnings(result, changed) if changed else []
+    result["warnings"] = (backend_warnings(result, a.run, b.run)
+                          + (same_kernel_warnings(result, changed) if changed else []))
     result["confounds"] = compare_runs(a.run, b.run)
     decide(result, min_windows)
     result["summary"] = summary(result)
     return result
+
+
+BACKEND_KEYS = (("moe_runner_backend", "MoE runner"), ("fp4_gemm_runner_backend", "FP4 GEMM backend"),
+                ("fp8_gemm_runner_backend", "FP8 GEMM backend"))
+BACKEND_CATEGORIES = ("moe.gemm", "gemm.")  # the kernels a backend choice switches: expert and dense GEMMs
+
+
+def _backends(run: dict | None) -> dict:
+    """{server arg: backend} a side ran with: what the server resolved (its log), else what was asked for."""
+    run = run or {}
+    resolved = ((run.get("server_log") or {}).get("resolved") or {})
+    out = {k: resolved.get(k) for k, _ in BACKEND_KEYS if resolved.get(k)}
+    if "moe_runner_backend" not in out and (run.get("backend") or {}).get("sglang"):
+        out["moe_runner_backend"] = run["backend"]["sglang"]
+    return out
+
+
+def backend_warnings(result: dict, run_a: dict | None, run_b: dict | None) -> list:
+    """First of all: two sides that name different backends but ran the same expert and dense GEMM kernel
+    families are not a backend comparison (a refused or `auto`-resolved backend, or one that falls back)."""
+    ba, bb = _backends(run_a), _backends(run_b)
+    differ = [(label, ba[k], bb[k]) for k, label in BACKEND_KEYS if k in ba and k in bb and ba[k] != bb[k]]
+    if not differ:
+        return []
+    out = []
+    for d in result["devices"]:
+        cats = {c: f for c, f in d["fingerprint"].items() if c.startswith(BACKEND_CATEGORIES)}
+        if cats and all(not f["only_a"] and not f["only_b"] for f in cats.values()):
+            fams = sorted({x for f in cats.values() for x in f["both"]})
+            names = "; ".join(f"{label} {x} in A, {y} in B" for label, x, y in differ)
+            out.append(f"not a backend comparison: the runs name different backends ({names}) but GPU {d['device']} "
+                       f"ran the same MoE and GEMM kernels in both ({', '.join(fams[:6])}"
+                       f"{'...' if len(fams) > 6 else ''}); the backends resolved to the same kernels")
+    return out
 
 
 def same_kernel_warnings(result: dict, changed: str) -> list:

@@ -218,6 +218,9 @@ def execute(p: Plan, echo: Echo) -> tuple:
     if error:
         for line in error.details:
             echo(f"  | {line}")
+        said = serverlog.server_said(evidence)
+        if said:  # what the server itself said before it died (a refused backend, a bad flag): the line to read
+            raise ProfattrError(f"{error}; the server said: {said}; {where}")
         raise ProfattrError(f"{error}; {where}")
     if interrupted:
         echo(f"interrupted; {where}")

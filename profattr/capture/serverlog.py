@@ -8,6 +8,9 @@ What SGLang 0.5.16 prints, and where (python/sglang/srt/...):
   fused_moe_triton_config.py) when no tuned Triton MoE config exists for the shape and GPU, and "Fallback to
   triton version ..." when one from another Triton version is used;
 - "Capture ... CUDA graph begin. ... bs=[...]" (model_executor) when decode runs under CUDA graphs;
+- "Load weight end. elapsed=..., type=GlmMoeDsaForCausalLM, quant=fp8, fmt=e4m3, ..." (model_executor/model_runner.py)
+  once the weights are loaded: the quantization method the server resolved (`quant=modelopt_fp4, quant_algo=NVFP4`
+  for a ModelOpt NVFP4 checkpoint);
 - log lines start with `[YYYY-MM-DD HH:MM:SS]` (with ` TPn` etc. in multi-rank servers); a traceback is one
   event (its exception line); the 500 that `/stop_profile` answers once `num_steps` closed the window is profattr's
   own request, counted apart (`own_request`), not a server error.
@@ -30,7 +33,8 @@ KEY_ARGS = ("moe_runner_backend", "fp8_gemm_runner_backend", "fp4_gemm_runner_ba
             "decode_attention_backend", "prefill_attention_backend", "sampling_backend", "quantization",
             "kv_cache_dtype", "tp_size", "dp_size", "ep_size", "moe_a2a_backend", "disable_cuda_graph",
             "cuda_graph_max_bs", "cuda_graph_bs", "disable_custom_all_reduce", "enable_layerwise_nvtx_marker",
-            "disable_shared_experts_fusion", "page_size", "dsa_decode_backend", "dsa_prefill_backend",
+            "disable_shared_experts_fusion", "page_size", "fp4_gemm_backend", "dsa_decode_backend",
+            "dsa_prefill_backend",
             "nsa_decode_backend", "nsa_prefill_backend", "enable_torch_compile", "mem_fraction_static",
             "max_running_requests", "chunked_prefill_size", "disable_radix_cache", "load_format", "dtype")
 # (kind, pattern): what a performance engineer must know happened
@@ -44,6 +48,7 @@ EVENTS = (
     ("error", re.compile(r"Traceback \(most recent call last\)|\bError\b:|\bERROR\b|out of memory")),
     ("warning", re.compile(r"\bWARNING\b|\bWarning:|\bwarn\b", re.IGNORECASE)),
 )
+LOAD_QUANT = re.compile(r"Load weight end\b.*?\bquant=([\w.-]+)(?:.*?\bquant_algo=([\w.-]+))?")
 GRAPH_CAPTURE = re.compile(r"Capture (?:target )?decode CUDA graph begin\b.*?\bbs=\[([0-9, ]*)\]", re.IGNORECASE)
 DEFAULT_CONFIG = re.compile(r"Using default (.+?) (?:kernel )?config\b", re.IGNORECASE)
 CONFIG_FILE = re.compile(r"configs/(?:[^/\s]+/)*([^/]+?\.json)")
@@ -113,6 +118,7 @@ def parse(text: str) -> dict:
     events["own_request"] = []
     counts: dict = {kind: 0 for kind in events}
     configs: set = set()
+    loaded_quant: dict = {}
     for t, (tag, body) in _blocks(text):
         if tag == "own_request":
             counts["own_request"] += 1
@@ -124,6 +130,9 @@ def parse(text: str) -> dict:
             if not server_args:
                 server_args = _parse_args(m.group(1))
             continue
+        q = LOAD_QUANT.search(body)
+        if q and not loaded_quant:
+            loaded_quant = {"quant": q.group(1), "quant_algo": q.group(2)}
         g = GRAPH_CAPTURE.search(body)
         if g:
             graph_bs = sorted({int(x) for x in g.group(1).replace(" ", "").split(",") if x})
@@ -137,14 +146,29 @@ def parse(text: str) -> dict:
             if len(events[kind]) < MAX_EVENTS_PER_KIND:
                 events[kind].append({"time_utc_s": t, "text": body[:300]})
     resolved = {k: server_args.get(k) for k in ("moe_runner_backend", "fp8_gemm_runner_backend",
-                                                "attention_backend", "sampling_backend") if k in server_args}
+                                                "fp4_gemm_runner_backend", "attention_backend", "sampling_backend")
+                if k in server_args}
+    if "fp4_gemm_runner_backend" not in resolved and "fp4_gemm_backend" in server_args:
+        resolved["fp4_gemm_runner_backend"] = server_args["fp4_gemm_backend"]
     graphs = None
     if server_args.get("disable_cuda_graph") is True:
         graphs = {"decode": False, "batch_sizes": []}
     elif graph_bs:
         graphs = {"decode": True, "batch_sizes": graph_bs}
-    return {"server_args": server_args, "resolved": resolved, "cuda_graph": graphs,
+    return {"server_args": server_args, "resolved": resolved, "cuda_graph": graphs, "loaded_quant": loaded_quant,
             "default_kernel_configs": sorted(configs), "counts": counts, "events": events}
+
+
+EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Exit)\b:?")
+
+
+def server_said(evidence: dict | None) -> str | None:
+    """The exception a dying server ended on (the last traceback's exception line, e.g. SGLang refusing a backend:
+    "ValueError: Current platform does not support NVFP4 quantization with the selected MoE backend. ..."), or
+    None when its log holds none."""
+    rows = ((evidence or {}).get("events") or {}).get("error") or []
+    said = [r["text"] for r in rows if EXCEPTION_LINE.match(r.get("text") or "")]
+    return said[-1] if said else None
 
 
 SERVER_INFO_SOURCE = "server_info"
@@ -156,8 +180,8 @@ def from_server_info(server_args: dict) -> dict:
     the values the `server_args=ServerArgs(...)` start-up line shows). No events: the log is not read; the CUDA-graph
     batch sizes are the configured ones (`cuda_graph_bs`), not the captured ones."""
     args = {k: server_args[k] for k in KEY_ARGS if k in server_args}
-    resolved = {k: args.get(k) for k in ("moe_runner_backend", "fp8_gemm_runner_backend", "attention_backend",
-                                         "sampling_backend") if k in args}
+    resolved = {k: args.get(k) for k in ("moe_runner_backend", "fp8_gemm_runner_backend", "fp4_gemm_runner_backend",
+                                         "attention_backend", "sampling_backend") if k in args}
     graphs = None
     if args.get("disable_cuda_graph") is True:
         graphs = {"decode": False, "batch_sizes": []}

@@ -7,7 +7,13 @@ from __future__ import annotations
 from profattr.check import FAIL, PASS, SKIP, WARN, Finding, get
 
 RESOLVED_ARGS = {"moe_runner_backend": "MoE runner", "fp8_gemm_runner_backend": "FP8 GEMM",
-                 "attention_backend": "attention"}
+                 "fp4_gemm_runner_backend": "FP4 GEMM", "attention_backend": "attention"}
+# Dense FP4 GEMM kernel families (taxonomy `family` of gemm.fp4 rules) of each SGLang --fp4-gemm-backend
+# (python/sglang/srt/layers/quantization/fp4_utils.py Fp4GemmRunnerBackend; `auto` is flashinfer_cutedsl on SM100,
+# marlin on SM80-SM9x (weight-only W4A16 Marlin, no FP4 tensor cores), else flashinfer_cutlass; flashinfer_cudnn
+# is not fingerprinted: cuDNN's kernel names are not in the taxonomy)
+FP4_GEMM_FAMILIES = {"marlin": ("marlin_dense",), "flashinfer_cutlass": ("cutlass_gemm",),
+                     "flashinfer_trtllm": ("trtllm_gen_gemm",), "flashinfer_cutedsl": ("cute_dsl_gemm", "b12x_gemm")}
 
 
 def moe_families(names: list) -> tuple:
@@ -120,3 +126,76 @@ def check_server_log(run: dict | None) -> Finding:
         return Finding("server_log", status, text + "; " + "; ".join(problems), data)
     return Finding("server_log", PASS, text + "; no default kernel configs, fallbacks or compilation in the window",
                    data)
+
+
+def _requested_arg(run: dict | None, flag: str) -> str | None:
+    """The value of `--flag` on the server command line run.json recorded (`--flag V` or `--flag=V`)."""
+    argv = [str(a) for a in (get(run, "server", "args") or [])]
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def gemm_families(names: list) -> dict:
+    """{category: {family: ns}} of the GEMM kernels (gemm.* and moe.gemm), classified by the taxonomy, with the
+    `math` their rules state ({family: math})."""
+    from profattr.taxonomy.classify import load_rules
+
+    rules = load_rules()
+    out: dict = {}
+    math: dict = {}
+    for demangled, short_name, _count, kernel_ns in names:
+        rule = rules.match(demangled or short_name or "", frozenset(), short=short_name)
+        if rule is None or not (rule.category.startswith("gemm.") or rule.category == "moe.gemm"):
+            continue
+        fams = out.setdefault(rule.category, {})
+        fams[rule.family] = fams.get(rule.family, 0) + int(kernel_ns or 0)
+        if rule.math:
+            math.setdefault(rule.family, rule.math)
+    return {"families": out, "math": math}
+
+
+def check_fp4_backend(run: dict | None, names: list) -> Finding:
+    """The FP4 GEMM backend and MoE runner asked for (run.json server arguments, `auto` included), what the server
+    resolved (its log: server_args, the `quant=... quant_algo=...` load line) and the FP4 kernels that ran."""
+    ev = get(run, "server_log") or {}
+    asked_gemm = _requested_arg(run, "--fp4-gemm-backend") or get(ev, "server_args", "fp4_gemm_runner_backend")
+    resolved_gemm = get(ev, "resolved", "fp4_gemm_runner_backend")
+    asked_moe = get(run, "backend", "sglang")
+    resolved_moe = get(ev, "resolved", "moe_runner_backend")
+    quant = get(ev, "loaded_quant") or {}
+    seen = gemm_families(names)
+    fp4 = seen["families"].get("gemm.fp4", {})
+    fp4_quant = "fp4" in str(quant.get("quant") or "").lower() or str(quant.get("quant_algo") or "").upper() == "NVFP4"
+    data = {"asked": {"fp4_gemm_backend": asked_gemm, "moe_runner_backend": asked_moe},
+            "resolved": {"fp4_gemm_backend": resolved_gemm, "moe_runner_backend": resolved_moe,
+                         "quant": quant.get("quant"), "quant_algo": quant.get("quant_algo")},
+            "fp4_gemm_ms": {k: v / 1e6 for k, v in sorted(fp4.items())},
+            "moe_gemm_ms": {k: v / 1e6 for k, v in sorted(seen["families"].get("moe.gemm", {}).items())},
+            "math": seen["math"]}
+    if not fp4 and not fp4_quant and not (asked_gemm and asked_gemm != "auto"):
+        return Finding("fp4_backend", SKIP, "no FP4 GEMM kernels, no FP4 quantization in the log and no "
+                       "--fp4-gemm-backend asked for", data)
+    said = (f"log: quant={quant.get('quant')}" + (f", quant_algo={quant.get('quant_algo')}" if quant.get("quant_algo")
+                                                   else "")) if quant else "no load line in the log"
+    asked_text = (f"asked --fp4-gemm-backend {asked_gemm or '(default auto)'} (server: {resolved_gemm or '?'}), "
+                  f"--moe-runner-backend {asked_moe or '?'} (server: {resolved_moe or '?'}); {said}")
+    ran = ", ".join(f"{f} ({seen['math'].get(f, 'math not stated')}, {ns / 1e6:.2f} ms)"
+                    for f, ns in sorted(fp4.items(), key=lambda kv: -kv[1])) or "none"
+    want = resolved_gemm if resolved_gemm and resolved_gemm != "auto" else asked_gemm
+    if want and want != "auto" and want in FP4_GEMM_FAMILIES:
+        fams = set(FP4_GEMM_FAMILIES[want])
+        if not fams & set(fp4):
+            return Finding("fp4_backend", FAIL, f"{asked_text}; but no dense FP4 GEMM of family "
+                           f"{'/'.join(sorted(fams))} ({want}) ran: dense FP4 GEMMs seen: {ran}", data)
+        foreign = sorted(set(fp4) - fams)
+        if foreign:
+            return Finding("fp4_backend", FAIL, f"{asked_text}; dense FP4 GEMMs of other backends ran too: "
+                           f"{', '.join(foreign)} (seen: {ran})", data)
+    if fp4_quant and not fp4:
+        return Finding("fp4_backend", WARN, f"{asked_text}; but no dense FP4 GEMM kernel in the window (every "
+                       "dense linear ignored by the checkpoint, or kernels the taxonomy does not know)", data)
+    return Finding("fp4_backend", PASS, f"{asked_text}; dense FP4 GEMMs that ran: {ran}", data)

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import numpy as np
 
-from profattr.check import backend, completeness, recording, timing
+from profattr.check import SKIP, backend, completeness, recording, timing
 from profattr.check.facts import gather
 from profattr.check.locate import Capture, locate
 from profattr.errors import ProfattrError
@@ -59,6 +59,9 @@ def evaluate(path, run: dict | None = None, twin=None) -> tuple:
                          backend.check_server_log(run),
                          timing.check_first_calls(source, facts.devices, run),
                          timing.check_steady_state(budget)]
+        fp4 = backend.check_fp4_backend(run, facts.names) if cuda else None
+        if fp4 is not None and fp4.status != SKIP:  # listed only for captures with FP4 work or an FP4 backend
+            findings.insert(findings.index(next(f for f in findings if f.check == "server_log")) + 1, fp4)
         findings.append(timing.check_overhead(run, budget))
         if cuda:
             findings.append(timing.check_steps(run, budget, why_not, facts.devices))

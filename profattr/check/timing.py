@@ -117,6 +117,15 @@ def check_first_calls(source, devices: list, run: dict | None = None) -> Finding
                        f"entered the window out of step{why}. Device {worst[2]}'s budget counts the wait as "
                        "communication; open the window once every rank is ready (e.g. --graph-window after)",
                        data)
+    full = names.get(worst[1]) or ""
+    if "marlin" in full.lower():
+        # SGLang JIT-builds its Marlin modules (dense device::marlin, experts device::marlin_moe) with nvcc on first
+        # use (tvm-ffi cache); a window opened while they were compiling or loading starts with such a call
+        data["jit_module"] = "marlin_moe" if "marlin_moe" in full else "marlin"
+        return Finding("first_calls", status, f"{head}; worst: {name} {worst[3] / 1e6:.3f} ms vs median "
+                       f"{worst[4] / 1e6:.3f} ms: the window opened while the JIT-built Marlin module "
+                       f"({data['jit_module']}) was still compiling or loading; warm up until the server has built "
+                       "both Marlin modules (dense and MoE), or reuse their built cache", data)
     return Finding("first_calls", status, f"{head}; worst: {name} {worst[3] / 1e6:.3f} ms vs median "
                    f"{worst[4] / 1e6:.3f} ms: warm-up did not cover the window's shapes", data)
 

@@ -13,12 +13,19 @@ from profattr.outputs import atomic_path, check_output, emit, output_options
 from profattr.text import clean_tree
 
 
+def say_warnings(spec) -> None:
+    """The model spec's warnings (an ignore pattern that matches nothing), one `warning:` line each on stderr."""
+    for text in spec.warnings:
+        click.echo(f"warning: {text}", err=True)
+
+
 @click.command("limit")
 @click.option("--model", "-m", "model", required=True,
               help="Model preset (e.g. glm-5-nvfp4) or a Hugging Face config.json path.")
 @click.option("--quant", default=None,
               help="Quantization scheme: nvfp4 (routed experts NVFP4, rest BF16), nvfp4-ffn, nvfp4-modelopt, "
-                   "nvfp4-fp8, nvfp4-all, fp8, bf16. Required with a config.json; overrides a preset's.")
+                   "nvfp4-fp8, nvfp4-all, fp8, bf16. Default: a config.json's own quantization_config (required "
+                   "without one); overrides it, and a preset's.")
 @click.option("--hardware", "-H", "hardware", required=True, help="GPU preset, e.g. rtx-pro-6000-ws, h200, b200.")
 @click.option("--tp", type=click.IntRange(min=1), default=1, show_default=True, help="Tensor-parallel size (GPUs).")
 @click.option("--context", "context_len", type=click.IntRange(min=1), default=DEFAULT_CONTEXT_LEN, show_default=True,
@@ -31,7 +38,8 @@ from profattr.text import clean_tree
               help="Kernels per decode step (default: preset or estimate).")
 @click.option("--dsa/--no-dsa", "dsa_runs", default=None,
               help="Whether the DSA indexer runs (default: as the engine does on this hardware).")
-@click.option("--kv-dtype", type=click.Choice(["bf16", "fp8"]), default="bf16", show_default=True)
+@click.option("--kv-dtype", type=click.Choice(["bf16", "fp8"]), default=None,
+              help="KV cache dtype (default: the config.json quantization_config's KV cache dtype, else bf16).")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @output_options()
 def limit(model, quant, hardware, tp, context_len, allreduce, launch, kernels, dsa_runs, kv_dtype, fmt, output, force):
@@ -54,6 +62,7 @@ def limit(model, quant, hardware, tp, context_len, allreduce, launch, kernels, d
                       dsa_runs=hw.dsa_runs if dsa_runs is None else dsa_runs, kv_dtype=kv_dtype)
     if kernels is not None and kernels < 0:
         raise ProfattrError(f"--kernels must be 0 or more (got {kernels})")
+    say_warnings(spec)
     result = compute_limit(spec, hw, allreduce=allreduce, launch=launch, kernels=kernels)
     text = json.dumps(clean_tree(result), indent=2) if fmt == "json" else render_limit_table(clean_tree(result))
     emit(text.rstrip("\n"), output, force, given)
@@ -74,17 +83,19 @@ def _gap_model(capture: Path, model: Optional[str], quant, tp, context_len, run_
         return load_model(model, tp=tp or recorded.get("tp") or n_devices or 1, quant=quant,
                           context_len=context_len if context_len is not None else
                           recorded.get("context_len", DEFAULT_CONTEXT_LEN), dsa_runs=hw.dsa_runs,
-                          kv_dtype=kv_dtype or "bf16", batch=recorded.get("batch", 1))
+                          kv_dtype=kv_dtype, batch=recorded.get("batch", 1))
     if run is None:
         raise ProfattrError(f"no model for {capture.name}: {path.name} not found; pass --model (a preset or "
                             "config.json) or --run-json")
     record = run.get("workload")
     if not isinstance(record, dict):
         if quant:
-            raise ProfattrError("--quant needs --model; without it the quantization comes from the recorded "
-                                "config.json")
+            from profattr.limits.model import quant_schemes
+
+            if quant not in quant_schemes():
+                raise ProfattrError(f"unknown quantization {quant!r}; valid: {', '.join(quant_schemes())}")
         return spec_from_run(run, source=str(path), tp=tp, context_len=context_len, kv_dtype=kv_dtype,
-                             dsa_runs=hw.dsa_runs)
+                             dsa_runs=hw.dsa_runs, quant=quant)
     spec = spec_from_workload(record, context_len=context_len, source=str(path))
     if tp and tp != spec.tp:
         raise ProfattrError(f"--tp {tp} disagrees with the workload's recorded tp {spec.tp}")
@@ -95,7 +106,9 @@ def _gap_model(capture: Path, model: Optional[str], quant, tp, context_len, run_
 @click.argument("capture", type=click.Path(path_type=Path))
 @click.option("--model", "-m", "model", default=None,
               help="Model preset or config.json (default: the workload recorded in NAME.run.json).")
-@click.option("--quant", default=None, help="Quantization scheme with a config.json (see `profattr limit`).")
+@click.option("--quant", default=None,
+              help="Quantization scheme (see `profattr limit`); default: the quantization_config of the config.json "
+                   "the capture's run.json recorded (or --model's).")
 @click.option("--hardware", "-H", "hardware", default=None,
               help="GPU preset (default: matched from the capture's GPU name).")
 @click.option("--tp", type=click.IntRange(min=1), default=None,
@@ -148,6 +161,7 @@ def gap(capture, model, quant, hardware, tp, context_len, run_json, kv_dtype, st
     hw = load_hardware(hardware)
     spec = _gap_model(capture, model, quant, tp, context_len, run_json, len(budget.get("devices", [])), hw,
                       kv_dtype)
+    say_warnings(spec)
     fraction = 1.0 if bandwidth == "peak" else hw.achievable_bandwidth_fraction.value
     result = compute_gap(budget, spec, hw, capture_gpus=gpus, bandwidth_fraction=fraction)
     if chart is not None:

@@ -59,9 +59,12 @@ def _by_class(spec: ModelSpec, ideal: bool, exclude: Tuple[str, ...] = ()) -> Li
 
 
 def _quant_assumption(spec: ModelSpec) -> Dict[str, str]:
-    scheme = load_toml("quant.toml")["schemes"][spec.quant] if spec.config is not None else {}
     formats = ", ".join(f"{cls} {fmt}" for cls, fmt, _ in _by_class(spec, True))
-    return {"id": "quantization", "text": f"{spec.quant}: {scheme.get('description', spec.quant)} ({formats})",
+    if spec.quant_source.startswith("quantization from config.json"):
+        return {"id": "quantization", "text": f"{spec.quant_source}: {formats}", "source": spec.source}
+    scheme = load_toml("quant.toml")["schemes"].get(spec.quant, {}) if spec.config is not None else {}
+    preset = f" ({spec.quant_source})" if spec.quant_source else ""
+    return {"id": "quantization", "text": f"{spec.quant}: {scheme.get('description', spec.quant)} ({formats}){preset}",
             "source": scheme.get("source", spec.source)}
 
 

@@ -10,11 +10,14 @@ import json
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 from profattr.errors import ProfattrError
 from profattr.limits import architectures
 from profattr.limits.specs import load_toml, preset_ids
+
+if TYPE_CHECKING:  # pragma: no cover
+    from profattr.limits.quantization import Quantization
 
 DEFAULT_CONTEXT_LEN = 1024
 ACTIVATION_BYTES = 2  # BF16 hidden states: the all-reduce payload per element
@@ -77,6 +80,8 @@ class ModelSpec:
     notes: Tuple[str, ...] = ()
     config: Optional[Dict[str, Any]] = field(default=None, compare=False, repr=False)
     derive_args: Optional[Dict[str, Any]] = field(default=None, compare=False, repr=False)
+    quant_source: str = ""  # where the weights' formats came from, in words (config.json or a --quant preset)
+    warnings: Tuple[str, ...] = ()  # said on stderr as `warning:` lines (e.g. an ignore pattern that matches nothing)
 
     def weight_bytes_per_rank(self, ideal: bool, exclude: Tuple[str, ...] = ()) -> float:
         """Weight bytes one rank reads per token (`exclude`: weight classes left out)."""
@@ -94,7 +99,12 @@ class ModelSpec:
         """JSON-ready summary of the spec."""
         return {"id": self.id, "name": self.name, "source": self.source, "quant": self.quant, "tp": self.tp,
                 "context_len": self.context_len, "batch": self.batch, "params_total": self.params_total(),
-                "params_per_token": self.params_per_token(), "dsa_runs": self.dsa_runs}
+                "params_per_token": self.params_per_token(), "dsa_runs": self.dsa_runs,
+                "quantization": self.quant_source or None, "kv_cache_bytes_per_token": self.kv_cache_bytes_per_token,
+                "weights": [{"component": g.component, "weight_class": g.weight_class, "dtype": g.dtype,
+                             "params_per_token": g.params_per_token, "bytes_per_token": g.bytes_per_token,
+                             "rank_bytes_per_token": g.rank_bytes_per_token(self.tp, ideal=False)}
+                            for g in self.groups]}
 
 
 # --- quantization, sharding, categories (data files) ---------------------------------------------------------
@@ -209,15 +219,19 @@ def spec_from_config(config: Dict[str, Any], *, quant: str, tp: int, context_len
                      dsa_runs: Optional[bool] = None, kv_dtype: str = "bf16", engine: str = "sglang",
                      model_id: str = "", name: str = "", source: str = "config.json",
                      indexer_full_layers: Optional[int] = None,
-                     kernels_per_step: Optional[Tuple[float, str]] = None, batch: int = 1) -> ModelSpec:
+                     kernels_per_step: Optional[Tuple[float, str]] = None, batch: int = 1,
+                     quantization: Optional["Quantization"] = None) -> ModelSpec:
     """ModelSpec of the model a config.json describes, quantized with `quant`, split over `tp` ranks by `engine`.
+
+    quantization: the config.json's own quantization_config (quantization.parse); when given, every linear module
+    is priced as it records (ignored modules BF16) and `quant` only names it.
 
     dsa_runs: whether the DSA indexer runs (None: it runs when the architecture has one).
     batch: sequences per step; weights are read once per step, KV, indexer keys, logits and FLOPs scale with it.
     """
     validate_config(config, source)
-    layout = architectures.derive({k: int(v) if k in CONFIG_INTEGERS and isinstance(v, float) else v
-                                   for k, v in config.items()}, indexer_full_layers)
+    sizes = {k: int(v) if k in CONFIG_INTEGERS and isinstance(v, float) else v for k, v in config.items()}
+    layout = architectures.derive(sizes, indexer_full_layers)
     _check_tp(layout, tp)
     if context_len < 0:
         raise ProfattrError(f"--context must be 0 or more tokens (got {context_len})")
@@ -227,14 +241,40 @@ def spec_from_config(config: Dict[str, Any], *, quant: str, tp: int, context_len
     rules = sharding[engine]["components"]
     dense_model = not layout.has_routed_experts
     groups = []
+    warnings: List[str] = []
+    if quantization is not None:
+        from profattr.limits.quantization import price
+
+        priced, unmatched = price(sizes, quantization,
+                                  [(c.name, c.params_total, c.params_per_token) for c in layout.components])
+        warnings += [f"quantization_config ignore pattern {p!r} matches no module of this {layout.model_type} "
+                     "model; check the module names (e.g. model.layers.0.self_attn.q_a_proj, lm_head)"
+                     for p in unmatched]
+        quant_source = f"quantization from config.json quantization_config ({quantization.describe()})"
+    else:
+        quant_source = f"--quant preset {quant}"
     for comp in layout.components:
-        dtype = class_dtype(quant, comp.weight_class, dense_model)
         rule = rules.get(comp.name) or rules[comp.weight_class]
-        groups.append(WeightGroup(
-            component=comp.name, weight_class=comp.weight_class, category=weight_category(comp.weight_class),
-            params_total=comp.params_total, params_per_token=comp.params_per_token, dtype=dtype,
-            bytes_per_param=dtype_bytes(dtype), sharding=rule["sharding"],
-            rank_fraction=_rank_fraction(rule["sharding"], tp, layout.num_kv_heads)))
+        parts = []  # (dtype, params_total, params_per_token, bytes_per_param)
+        if quantization is None:
+            dtype = class_dtype(quant, comp.weight_class, dense_model)
+            parts.append((dtype, comp.params_total, comp.params_per_token, dtype_bytes(dtype)))
+        else:
+            p = priced[comp.name]
+            if p.quantized_params_per_token > 0 or p.quantized_params_total > 0:
+                per_param = p.quantized_bytes_per_token / p.quantized_params_per_token if \
+                    p.quantized_params_per_token else 0.0
+                parts.append((quantization.dtype, round(p.quantized_params_total),
+                              round(p.quantized_params_per_token), per_param))
+            if p.bf16_params_per_token > 0 or p.bf16_params_total > 0 or not parts:
+                parts.append(("bf16", round(p.bf16_params_total), round(p.bf16_params_per_token),
+                              dtype_bytes("bf16")))
+        for dtype, total, per_token, per_param in parts:
+            groups.append(WeightGroup(
+                component=comp.name, weight_class=comp.weight_class, category=weight_category(comp.weight_class),
+                params_total=total, params_per_token=per_token, dtype=dtype,
+                bytes_per_param=per_param, sharding=rule["sharding"],
+                rank_fraction=_rank_fraction(rule["sharding"], tp, layout.num_kv_heads)))
     dsa = layout.dsa if (layout.dsa and (dsa_runs is None or dsa_runs)) else None
     if not dsa:
         groups = [g for g in groups if g.weight_class != "indexer"]
@@ -273,7 +313,9 @@ def spec_from_config(config: Dict[str, Any], *, quant: str, tp: int, context_len
         config=dict(config),
         derive_args=dict(quant=quant, tp=tp, context_len=context_len, dsa_runs=dsa_runs, kv_dtype=kv_dtype,
                          engine=engine, model_id=model_id, name=name, source=source,
-                         indexer_full_layers=indexer_full_layers, kernels_per_step=kernels_per_step, batch=batch))
+                         indexer_full_layers=indexer_full_layers, kernels_per_step=kernels_per_step, batch=batch,
+                         quantization=quantization),
+        quant_source=quant_source, warnings=tuple(warnings))
 
 
 def kv_row_bytes(layout: architectures.Layout, kv_dtype: str) -> float:
@@ -295,6 +337,8 @@ def respec(spec: ModelSpec, **changes: Any) -> ModelSpec:
             return replace(spec, context_len=context_len,
                            kv_cache_read_bytes=spec.kv_cache_bytes_per_token * context_len)
         raise ProfattrError("this model spec has no config.json to re-derive from")
+    if "quant" in changes:  # a what-if scheme replaces the recorded quantization
+        changes = {**changes, "quantization": None}
     return spec_from_config(spec.config, **{**spec.derive_args, **changes})
 
 
@@ -324,8 +368,10 @@ def load_config(path: Path) -> Dict[str, Any]:
 
 
 def load_model(model: str, *, tp: int, quant: Optional[str] = None, context_len: int = DEFAULT_CONTEXT_LEN,
-               dsa_runs: Optional[bool] = None, kv_dtype: str = "bf16", batch: int = 1) -> ModelSpec:
-    """ModelSpec from a preset id (specs/models/) or a config.json path (then `quant` is required)."""
+               dsa_runs: Optional[bool] = None, kv_dtype: Optional[str] = None, batch: int = 1) -> ModelSpec:
+    """ModelSpec from a preset id (specs/models/) or a config.json path. A config.json's own quantization_config
+    prices its weights unless `quant` names a scheme (then `quant` is required without one). `kv_dtype` None:
+    the KV cache dtype the quantization_config states, else BF16."""
     presets = preset_ids("models")
     if model.lower() in presets:
         data = load_toml(f"models/{presets[model.lower()]}")
@@ -333,7 +379,8 @@ def load_model(model: str, *, tp: int, quant: Optional[str] = None, context_len:
         full = data.get("indexer_full_layers", {}).get("value")
         return spec_from_config(
             data["config"], quant=quant or data["quant"], tp=tp, context_len=context_len, dsa_runs=dsa_runs,
-            kv_dtype=kv_dtype, batch=batch, engine=data.get("engine", "sglang"), model_id=data["id"], name=data["name"],
+            kv_dtype=kv_dtype or "bf16", batch=batch, engine=data.get("engine", "sglang"), model_id=data["id"],
+            name=data["name"],
             source=f"preset {data['id']} ({data['config_source']['default']})", indexer_full_layers=full,
             kernels_per_step=(kernels["value"], kernels["source"]) if kernels else None)
     path = Path(model)
@@ -341,8 +388,15 @@ def load_model(model: str, *, tp: int, quant: Optional[str] = None, context_len:
         raise ProfattrError(f"unknown model {model!r}; presets: {', '.join(model_presets())}, "
                             "or a path to a Hugging Face config.json")
     config = load_config(path)
-    if not quant:
-        raise ProfattrError(f"--quant is required with a config.json; valid: {', '.join(quant_schemes())}")
-    return spec_from_config(config, quant=quant, tp=tp, context_len=context_len, dsa_runs=dsa_runs,
-                            kv_dtype=kv_dtype, batch=batch, model_id=str(config.get("_name_or_path") or path.stem),
-                            name=str(config.get("model_type")), source=str(path))
+    from profattr.limits.quantization import parse, scheme_name
+
+    quantization = None if quant else parse(config)
+    if not quant and quantization is None:
+        raise ProfattrError(f"--quant is required with a config.json that has no quantization_config; valid: "
+                            f"{', '.join(quant_schemes())}")
+    if kv_dtype is None:
+        kv_dtype = (quantization.kv_dtype if quantization is not None else None) or "bf16"
+    return spec_from_config(config, quant=quant or scheme_name(quantization), tp=tp, context_len=context_len,
+                            dsa_runs=dsa_runs, kv_dtype=kv_dtype, batch=batch,
+                            model_id=str(config.get("_name_or_path") or path.stem),
+                            name=str(config.get("model_type")), source=str(path), quantization=quantization)

@@ -41,6 +41,8 @@ def render_limit_table(limit: Dict[str, Any]) -> str:
     limit = clean_tree(limit)
     model, hw = limit["model"], limit["hardware"]
     out = [f"{model['name']} on {hw['name']}, tp {model['tp']}, context {model['context_len']} tokens"]
+    if model.get("quantization"):
+        out.append(f"quantization: {model['quantization']}")
     for floor, label in (("weights_only", "Weights-only floor"), ("realistic", "Realistic floor")):
         total = limit[f"{floor}_ms"]
         out.append("")
@@ -63,6 +65,8 @@ def render_gap_table(gap: Dict[str, Any]) -> str:
 
     gap = clean_tree(gap)
     out = []
+    if (gap.get("model") or {}).get("quantization"):
+        out += [f"quantization: {gap['model']['quantization']}", ""]
     for dev in gap["devices"]:
         out.append(f"device {dev['device']}: measured {dev['measured_step_ms']:.3f} ms/step, floor "
                    f"{dev['floor_ms']:.3f} ms ({_fmt_pct(dev['efficiency_pct'])} of measured)")
@@ -99,6 +103,8 @@ def render_gap_markdown(gap: Dict[str, Any]) -> str:
     out = ["## Gap to the hardware limit", "",
            f"Model {md_escape(model['name'])} ({md_escape(model['quant'])}, tp {model['tp']}, context "
            f"{model['context_len']} tokens) on {md_escape(hw['name'])}."]
+    if model.get("quantization"):
+        out += ["", f"Weights priced by {md_escape(model['quantization'])}."]
     for dev in gap["devices"]:
         out += ["", f"### Device {md_escape(dev['device'])}", "",
                 f"Measured {dev['measured_step_ms']:.3f} ms/step against a floor of {dev['floor_ms']:.3f} ms "

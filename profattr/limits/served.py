@@ -12,34 +12,23 @@ from typing import List, Mapping, Optional, Tuple, Any
 
 from profattr.errors import ProfattrError
 from profattr.limits.model import ModelSpec, quant_schemes, spec_from_config, validate_config
+from profattr.limits.quantization import Quantization, parse, scheme_name
 
 _KV_DTYPES = {"auto": None, "bf16": "bf16", "bfloat16": "bf16", "fp16": "bf16", "float16": "bf16",
               "fp8_e4m3": "fp8", "fp8_e5m2": "fp8", "fp8": "fp8"}
 
 
-def quant_of_config(config: Mapping[str, Any]) -> Tuple[str, str]:
-    """(quantization scheme, why) of a checkpoint from its config.json's `quantization_config`."""
-    qc = config.get("quantization_config")
-    if not qc:
-        dtype = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
-        if dtype in ("bfloat16", "float16"):
-            return "bf16", f"no quantization_config; weights {dtype}"
-        raise ProfattrError(f"config.json has no quantization_config and dtype {dtype!r}; pass --quant "
-                            f"({', '.join(quant_schemes())})")
-    if not isinstance(qc, Mapping):
-        raise ProfattrError("config.json: quantization_config is not an object; pass --quant")
-    method = str(qc.get("quant_method") or "").lower()
-    if method == "fp8":
-        block = qc.get("weight_block_size")
-        return "fp8", f"quantization_config: quant_method fp8{f', blocks {block}' if block else ''}"
-    algo = str(qc.get("quant_algo") or (qc.get("quantization") or {}).get("quant_algo") or "").upper()
-    if method == "modelopt" and algo == "FP8":
-        return "fp8", "quantization_config: modelopt FP8"
-    if method in ("modelopt", "modelopt_fp4") and algo == "NVFP4":
-        return "nvfp4", ("quantization_config: modelopt NVFP4; assumed the experts-only layout (routed experts "
-                         "NVFP4, the rest BF16); pass --quant nvfp4-modelopt if the dense MLP is FP8")
-    raise ProfattrError(f"config.json: quantization {method or '?'} {algo} is not modelled; pass --model with the "
-                        f"config.json and --quant ({', '.join(quant_schemes())})")
+def quant_of_config(config: Mapping[str, Any]) -> Tuple[str, str, Optional[Quantization]]:
+    """(scheme name, why, Quantization or None) of a checkpoint from its config.json's `quantization_config`
+    (quantization.py reads it module by module); an unquantized BF16/FP16 checkpoint is the bf16 scheme."""
+    quantization = parse(config)
+    if quantization is not None:
+        return scheme_name(quantization), quantization.describe(), quantization
+    dtype = str(config.get("torch_dtype") or config.get("dtype") or "bfloat16")
+    if dtype in ("bfloat16", "float16"):
+        return "bf16", f"no quantization_config; weights {dtype}", None
+    raise ProfattrError(f"config.json has no quantization_config and dtype {dtype!r}; pass --quant "
+                        f"({', '.join(quant_schemes())})")
 
 
 def _server_arg(run: Mapping[str, Any], key: str) -> Optional[str]:
@@ -56,18 +45,22 @@ def _server_arg(run: Mapping[str, Any], key: str) -> Optional[str]:
     return None
 
 
-def kv_dtype_of(run: Mapping[str, Any], weights: str) -> Tuple[str, str]:
-    """(KV cache dtype, why) of a served run: --kv-cache-dtype, `auto` meaning the model's activation dtype."""
+def kv_dtype_of(run: Mapping[str, Any], weights: str, recorded: Optional[str] = None) -> Tuple[str, str]:
+    """(KV cache dtype, why) of a served run: --kv-cache-dtype; `auto` means the KV cache dtype the checkpoint's
+    quantization_config records (`recorded`), else the model's activation dtype."""
     value = _server_arg(run, "kv_cache_dtype") or "auto"
     if value not in _KV_DTYPES:
         raise ProfattrError(f"run.json: KV cache dtype {value!r} is not modelled (known: "
                             f"{', '.join(sorted(_KV_DTYPES))}); pass --model with a config.json and --kv-dtype")
+    if _KV_DTYPES[value] is None and recorded:
+        return recorded, f"--kv-cache-dtype {value}, the quantization_config's KV cache {recorded}"
     return _KV_DTYPES[value] or "bf16", f"--kv-cache-dtype {value}"
 
 
 def spec_from_run(run: Mapping[str, Any], *, source: str, tp: Optional[int], context_len: Optional[int],
-                  kv_dtype: Optional[str], dsa_runs: bool) -> ModelSpec:
-    """ModelSpec of the model a served capture ran, from its run.json alone."""
+                  kv_dtype: Optional[str], dsa_runs: bool, quant: Optional[str] = None) -> ModelSpec:
+    """ModelSpec of the model a served capture ran, from its run.json alone; `quant` (a scheme of quant.toml)
+    overrides the quantization its config.json records."""
     config = run.get("model_config")
     if not isinstance(config, dict) or not config:
         served = f" (it served {run['model']})" if run.get("model") else ""
@@ -84,10 +77,17 @@ def spec_from_run(run: Mapping[str, Any], *, source: str, tp: Optional[int], con
             context_len = requests["input_len"] + requests["max_new_tokens"] // 2
         else:
             raise ProfattrError(f"{source}: no request shape (requests.input_len, max_new_tokens); pass --context")
-    quant, quant_why = quant_of_config(config)
+    override = quant
+    if override:
+        quant_why, quantization = f"--quant preset {override}, over the config.json's own", None
+    else:
+        try:
+            quant, quant_why, quantization = quant_of_config(config)
+        except ProfattrError as exc:
+            raise ProfattrError(f"{source}: {exc}") from None
     kv_why = "--kv-dtype"
     if kv_dtype is None:
-        kv_dtype, kv_why = kv_dtype_of(run, quant)
+        kv_dtype, kv_why = kv_dtype_of(run, quant, quantization.kv_dtype if quantization else None)
     backend = _server_arg(run, "attention_backend")
     if backend in ("dsa", "nsa"):
         dsa_runs = True
@@ -95,10 +95,18 @@ def spec_from_run(run: Mapping[str, Any], *, source: str, tp: Optional[int], con
         spec = spec_from_config(config, quant=quant, tp=tp or recorded_tp or 1, context_len=context_len,
                                 dsa_runs=dsa_runs, kv_dtype=kv_dtype, batch=batch,
                                 model_id=str(config.get("_name_or_path") or run.get("model") or ""),
-                                name=str(config.get("model_type")), source=f"{source} model_config")
+                                name=str(config.get("model_type")), source=f"{source} model_config",
+                                quantization=quantization)
     except ProfattrError as exc:
         raise ProfattrError(f"{source}: {exc}") from None
-    notes = (f"weights {quant} ({quant_why}); KV cache {kv_dtype} ({kv_why}); batch {batch}; context "
+    how = "quantization from config.json quantization_config" if quantization else "weights"
+    notes = (f"{how} ({quant_why}); KV cache {kv_dtype} ({kv_why}); batch {batch}; context "
              f"{context_len} tokens (mean over the decoded tokens)",)
-    return replace(spec, notes=spec.notes + notes)
+    if override:
+        source_text = f"--quant preset {override} (overrides the config.json quantization_config)"
+    elif quantization is None:
+        source_text = f"config.json without quantization_config ({quant_why}): scheme {quant}"
+    else:
+        source_text = spec.quant_source
+    return replace(spec, notes=spec.notes + notes, quant_source=source_text)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 
+from profattr.attribute.precision import describe as precision_text
 from profattr.report.escape import md_escape, md_name
 from profattr.report.shapes import short_kernel_line, shape_rows
 from profattr.text import clean_tree
@@ -104,6 +105,11 @@ def render_table(budget: dict, top: int = TOP_KERNELS) -> str:
         lines.append(f"  {'mean step':<24}{_fmt_ms(d['mean_step_ms']):>10}{100.0:>7.1f}%  (exclusive: busy time "
                      "shared among the categories running at once; overlapped: the rest of their op time)")
         total = d["mean_step_ms"] or 1.0
+        if d.get("gemm_precision"):
+            lines.append("  GEMMs by weight precision and how the math ran:")
+            for r in d["gemm_precision"]:
+                lines.append(f"  {r['category']:<24}{_fmt_ms(r['ms_per_step']):>10}{r['count_per_step']:>12.2f}  "
+                             f"{precision_text(r)}")
         if d.get("comm"):
             lines.append(f"  {_comm_line(d['comm'])}")
         if d.get("layers") is not None:
@@ -246,6 +252,7 @@ def render_markdown(budget: dict, top: int = TOP_KERNELS) -> str:
                            f"{layer['count_per_step']:.2f} | "
                            f"{100.0 * layer['ms_per_step'] / max(d['mean_step_ms'], 1e-12):.1f}% | "
                            f"{md_escape(_top_categories(layer))} |")
+        out.extend(precision_markdown(d))
         out.append("")
         out.append("| kernel | launch shape | category | ms/step | count/step | µs per call |")
         out.append("|---|---|---|---:|---:|---:|")
@@ -259,3 +266,16 @@ def render_markdown(budget: dict, top: int = TOP_KERNELS) -> str:
         out.append("")
         out.append(f"Classified: {100.0 * (1 - d['unclassified_share']):.1f}% of GPU time.")
     return "\n".join(out)
+
+
+def precision_markdown(d: dict) -> list:
+    """The device's GEMM rows by weight precision and how the math ran (attribute/precision.py), as markdown."""
+    rows = d.get("gemm_precision") or []
+    if not rows:
+        return []
+    out = ["", "| GEMM category | weights | how the math ran | ms/step | count/step |", "|---|---|---|---:|---:|"]
+    for r in rows:
+        out.append(f"| {md_escape(r['category'])} | {md_escape(r.get('weight_dtype') or '?')} | "
+                   f"{md_escape(r.get('math') or 'not stated by the rule')} | {r['ms_per_step']:.3f} | "
+                   f"{r['count_per_step']:.2f} |")
+    return out

@@ -70,9 +70,11 @@ def verdict_line(diff: dict) -> str:
 
 def render_table(diff: dict) -> str:
     diff = clean_tree(diff)
-    lines = [f"A: {diff['a']['path']}", f"B: {diff['b']['path']}"]
+    first = [w for w in diff.get("warnings", []) if w.startswith("not a backend comparison")]
+    lines = [f"WARNING: {w}" for w in first] + [f"A: {diff['a']['path']}", f"B: {diff['b']['path']}"]
     for w in diff.get("warnings", []):
-        lines.append(f"WARNING: {w}")
+        if w not in first:
+            lines.append(f"WARNING: {w}")
     changed, confounds = describe(diff.get("confounds") or [], "intended"), describe(diff.get("confounds") or [],
                                                                                       "confound")
     if changed:

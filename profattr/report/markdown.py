@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from profattr import __version__
 from profattr.report import why_slow
-from profattr.report.budget_view import category_table_md, decided_by_lines, layer_name
+from profattr.report.budget_view import category_table_md, decided_by_lines, layer_name, precision_markdown
 from profattr.report.campaign import campaign_section
 from profattr.report.escape import md_escape, md_name
 from profattr.report.md_details import (  # noqa: F401  (evidence_lines, capture_header: for callers)
@@ -157,6 +157,11 @@ def budget_section(data) -> list:
             if outside.get("ops"):
                 notes.append(f"outside every step (not in the budget): {outside['ops']} ops, {outside['ms']:.3f} ms")
             out += ["", "; ".join(notes) + ".", ""]
+            precision = precision_markdown(d)
+            if precision:
+                out += ["GEMMs by the precision of their weights and how the math ran (from the kernel rules: "
+                        "`W4A16` kernels read FP4 weights and multiply in BF16; native FP4 needs SM100/SM120):"]
+                out += precision + [""]
             evidence = decided_by_lines(d)
             if evidence:
                 out += [md_escape(evidence[0]), ""]

@@ -21,6 +21,8 @@ names with ``--rules``. A rules file holds::
     strength = "weak"               # optional: strong (default) or weak; a weak rule is a naming-convention
                                     # guess or a generic fallback, and the launch context may overrule it
     note = "..."                    # optional
+    weight_dtype = "fp4"            # optional, GEMM rules: the precision of the weights the kernel reads
+    math = "native FP4 tensor cores"  # optional, GEMM rules: how the math ran ("W4A16: unpacked to BF16 in the kernel")
 
 User patterns (``pattern`` and ``nvtx`` of files given with ``--rules``) are bounded when loaded: a pattern that
 backtracks catastrophically is refused with its file:line (profattr/regexguard.py). Kernel names and NVTX text are
@@ -55,7 +57,8 @@ EVIDENCE = ("observed", "source", "derived", "user")
 STRENGTHS = ("strong", "weak")
 DEFAULT_PRIORITY = 500
 
-_RULE_KEYS = ("id", "category", "pattern", "family", "source", "evidence", "nvtx", "priority", "note", "strength")
+_RULE_KEYS = ("id", "category", "pattern", "family", "source", "evidence", "nvtx", "priority", "note", "strength",
+              "weight_dtype", "math")
 _REQUIRED_SHIPPED = ("id", "category", "pattern", "family", "source", "evidence")
 _REQUIRED_USER = ("id", "category", "pattern")
 _TOP_KEYS = ("priority", "rule", "category", "context")
@@ -90,6 +93,8 @@ class Rule:
     user: bool = False
     note: str = ""
     strength: str = "strong"
+    weight_dtype: str = ""
+    math: str = ""
     regex: "re.Pattern[str]" = field(repr=False, compare=False, default=None)  # type: ignore[assignment]
 
 
@@ -400,7 +405,7 @@ def _build_rule(raw: _RawRule, categories: dict[str, Category]) -> Rule:
         value = table.get(key)
         if not isinstance(value, str) or not value:
             raise ProfattrError(f"{where(key)}: {label}: '{key}' is required and must be a non-empty string")
-    for key in ("family", "source", "evidence", "nvtx", "note", "strength"):
+    for key in ("family", "source", "evidence", "nvtx", "note", "strength", "weight_dtype", "math"):
         if key in table and not isinstance(table[key], str):
             raise ProfattrError(f"{where(key)}: {label}: '{key}' must be a string")
 
@@ -427,7 +432,8 @@ def _build_rule(raw: _RawRule, categories: dict[str, Category]) -> Rule:
         _compile(nvtx, where("nvtx"), label, "nvtx", raw.user)
     return Rule(id=rid, category=category, pattern=table["pattern"], family=table.get("family", "user"),
                 source=table.get("source", ""), evidence=evidence, nvtx=nvtx, priority=priority,
-                origin=raw.origin, user=raw.user, note=table.get("note", ""), strength=strength, regex=regex)
+                origin=raw.origin, user=raw.user, note=table.get("note", ""), strength=strength,
+                weight_dtype=table.get("weight_dtype", ""), math=table.get("math", ""), regex=regex)
 
 
 def _compile(pattern: str, where: str, label: str, key: str, user: bool = False) -> "re.Pattern[str]":

@@ -77,6 +77,7 @@ def _explained(ruleset, name, contexts, short=None, seen=None) -> dict:
     matched_contexts = [c for c in ruleset.context_rules if c.key in contexts]
     row = {"name": name, "category": decision.category, "family": rule.family if rule else None,
            "rule": rule.id if rule else None, "evidence": decision.evidence,
+           "weight_dtype": (rule.weight_dtype or None) if rule else None, "math": (rule.math or None) if rule else None,
            "strength": rule.strength if rule else None, "rule_origin": rule.origin if rule else None,
            "context_rule": decision.context.id if decision.context else None,
            "conflict": decision.conflict.id if decision.conflict else None,
@@ -93,7 +94,8 @@ def _explained(ruleset, name, contexts, short=None, seen=None) -> dict:
 def _render(rows, fmt, explain) -> str:
     if fmt == "json":
         if not explain:
-            rows = [{k: r[k] for k in ("name", "category", "family", "rule", "evidence")} for r in rows]
+            rows = [{k: r[k] for k in ("name", "category", "family", "rule", "evidence", "weight_dtype", "math")}
+                    for r in rows]
         return json.dumps(clean_tree(rows), indent=2)
     if not explain:
         headers = ("category", "family", "rule", "name")
