@@ -289,7 +289,8 @@ def _frame_rows(entry_id: int, frame, columns: dict) -> list:
     return [dict(zip(["entry_id", *columns.values()], (entry_id, *row))) for row in zip(*values)]
 
 
-EVIDENCE_KEYS = ("evidence", "unknowns", "unknowns_total", "conflicts")  # a budget device's evidence section
+# a budget device's evidence section and its step-to-step spread, kept whole as JSON
+EVIDENCE_KEYS = ("evidence", "unknowns", "unknowns_total", "conflicts", "distributions")
 
 
 def budget_rows(entry_id: int, b: Budget) -> dict:

@@ -53,8 +53,9 @@ TABLES = {
         "busy_ms_per_step": float, "idle_ms_per_step": float, "overlap_ms_per_step": float,
         "kernels_per_step": float, "memops_per_step": float, "unclassified_share": float,
         "outside_steps_ops": int, "outside_steps_ms": float,
-        # what decided the categories, the kernels no certain name rule covers, the contradicted rules (JSON: the
-        # budget device's evidence, unknowns, unknowns_total and conflicts; NULL in ledgers made before)
+        # what decided the categories, the kernels no certain name rule covers, the contradicted rules, the spread
+        # over steps (JSON: the budget device's evidence, unknowns, unknowns_total, conflicts and distributions;
+        # NULL in ledgers made before)
         "evidence_json": str,
     }, ("entry_id", "device"), [ENTRY], []),
     "categories": ({
