@@ -60,3 +60,17 @@ def test_diff_cli_warns_about_a_confound(export_example):
         in result.output
     out = CliRunner().invoke(cli, ["diff", str(a), str(b), "--samples", "50", "--format", "json"])
     assert {"kind": "confound", "what": "requests batch", "a": 1, "b": 8} in json.loads(out.output)["confounds"]
+
+
+def test_one_model_in_two_weight_formats_is_the_intended_change():
+    fp8, nvfp4 = run("glm-fp8-rnd-bs1-r1"), run("../glm5-nvfp4/glm-nvfp4-rnd-bs1-r1")
+    # the two config.json files differ in quantization_config alone (checked here, not by profattr)
+    keys = set(fp8["model_config"]) | set(nvfp4["model_config"])
+    assert {k for k in keys if fp8["model_config"].get(k) != nvfp4["model_config"].get(k)} == {"quantization_config"}
+    diffs = compare_runs(fp8, nvfp4)
+    assert not [d for d in diffs if d["what"] == "model"]
+    quant = [d for d in diffs if d["what"].startswith("model weights' quantization")]
+    assert quant and quant[0]["kind"] == "intended" and quant[0]["b"] == "modelopt NVFP4"
+    other = copy.deepcopy(nvfp4)
+    other["model_config"]["num_hidden_layers"] = 7  # another model, not another format of the same one
+    assert [d for d in compare_runs(fp8, other) if d["what"] == "model" and d["kind"] == "confound"]

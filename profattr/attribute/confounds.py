@@ -91,7 +91,7 @@ def compare_runs(a: Optional[dict], b: Optional[dict]) -> List[Dict[str, Any]]:
     for key, va, vb in _pairs(a.get("requests"), b.get("requests"), REQUEST_FIELDS):
         out.append(_differ("confound", f"requests {key}", va, vb))
     out.append(_differ("confound", "tensor-parallel size", a.get("tp"), b.get("tp")))
-    out.append(_differ("confound", "model", a.get("model"), b.get("model")))
+    out += _model_differences(a, b)
     pa, pb = a.get("packages") or {}, b.get("packages") or {}
     for key, va, vb in _pairs(pa, pb, sorted((set(pa) | set(pb)) - {"profattr"})):
         out.append(_differ("confound", f"{key} version", va, vb))
@@ -110,6 +110,32 @@ def compare_runs(a: Optional[dict], b: Optional[dict]) -> List[Dict[str, Any]]:
             out.append(_differ("confound", f"GPU {ga.get('index', '?')} {key}", va, vb))
     out.append(_differ("confound", "host platform", _get(a, "host", "platform"), _get(b, "host", "platform")))
     return [d for d in out if d is not None]
+
+
+def _quantization(run: dict):
+    """The weight format a run's recorded config.json names (quant_method and quant_algo), or None."""
+    cfg = run.get("model_config")
+    q = cfg.get("quantization_config") if isinstance(cfg, dict) else None
+    if not isinstance(q, dict):
+        return None
+    nested = q.get("quantization") if isinstance(q.get("quantization"), dict) else {}
+    return " ".join(str(x) for x in (q.get("quant_method"), q.get("quant_algo") or nested.get("quant_algo")) if x) \
+        or "quantized"
+
+
+def _model_differences(a: dict, b: dict) -> list:
+    """Two model folders whose config.json differ only in quantization_config are one model in two weight formats:
+    that difference is the comparison's (intended), not a confound; any other model difference is one."""
+    if a.get("model") == b.get("model"):
+        return []
+    ca, cb = a.get("model_config"), b.get("model_config")
+    if isinstance(ca, dict) and isinstance(cb, dict) and ca and cb:
+        rest_a = {k: v for k, v in ca.items() if k != "quantization_config"}
+        rest_b = {k: v for k, v in cb.items() if k != "quantization_config"}
+        if rest_a == rest_b:
+            return [d for d in [_differ("intended", "model weights' quantization (config.json quantization_config)",
+                                        _quantization(a) or "none", _quantization(b) or "none")] if d]
+    return [d for d in [_differ("confound", "model", a.get("model"), b.get("model"))] if d]
 
 
 def describe(differences: List[Dict[str, Any]], kind: str) -> str:

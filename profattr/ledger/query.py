@@ -68,9 +68,10 @@ def budget_dict(db, entry: dict) -> dict:
              if has_columns(db, "categories", ("exclusive_ms_per_step", "overlapped_ms_per_step")) else "")
     cats = _by_device(_rows(db, "categories", f"SELECT device, category, ms_per_step, count_per_step{extra} "
                                               "FROM categories WHERE entry_id = ? ORDER BY device, position", [eid]))
+    precision = ", weight_dtype, math" if has_columns(db, "kernels", ("weight_dtype", "math")) else ""
     kernels = _by_device(_rows(db, "kernels", "SELECT device, name, demangled, category, family, ms_per_step, "
-                                              "count_per_step FROM kernels WHERE entry_id = ? ORDER BY device, "
-                                              "position", [eid]))
+                                              f"count_per_step{precision} FROM kernels WHERE entry_id = ? ORDER BY "
+                                              "device, position", [eid]))
     shapes = _shapes_by_kernel(db, eid)
     short = ({r["device"]: r for r in db.query("SELECT * FROM short_kernels WHERE entry_id = ?", [eid])}
              if "short_kernels" in db.table_names() else {})
@@ -86,7 +87,7 @@ def budget_dict(db, entry: dict) -> dict:
         out["categories"] = _category_rows(cats.get(dev, []), out["mean_step_ms"])
         if all("share" in c for c in out["categories"]):
             out["idle_share"] = out["idle_ms_per_step"] / out["mean_step_ms"] if out["mean_step_ms"] else 0.0
-        out["kernels"] = [{**_drop_device(k), "mean_us": 1e3 * k["ms_per_step"] / k["count_per_step"]
+        out["kernels"] = [{**_precision_keys(_drop_device(k)), "mean_us": 1e3 * k["ms_per_step"] / k["count_per_step"]
                            if k["count_per_step"] else 0.0, "shapes": shapes.get((dev, i), [])}
                           for i, k in enumerate(kernels.get(dev, []))]
         out["unclassified_share"] = d["unclassified_share"]
@@ -131,6 +132,16 @@ def _category_rows(rows: list, mean_step_ms: float) -> list:
             c["share"] = c["exclusive_ms_per_step"] / mean_step_ms if mean_step_ms else 0.0
         out.append(c)
     return out
+
+
+def _precision_keys(k: dict) -> dict:
+    """A kernel row as the budget gives it: `weight_dtype` and `math` on GEMM kernels only (attribute/precision.py)."""
+    from profattr.attribute.precision import is_gemm_category
+
+    if not is_gemm_category(k.get("category") or ""):
+        k.pop("weight_dtype", None)
+        k.pop("math", None)
+    return k
 
 
 def _shapes_by_kernel(db, eid: int) -> dict:

@@ -289,8 +289,8 @@ def _frame_rows(entry_id: int, frame, columns: dict) -> list:
     return [dict(zip(["entry_id", *columns.values()], (entry_id, *row))) for row in zip(*values)]
 
 
-# a budget device's evidence section and its step-to-step spread, kept whole as JSON
-EVIDENCE_KEYS = ("evidence", "unknowns", "unknowns_total", "conflicts", "distributions")
+# a budget device's evidence section, its step-to-step spread and its GEMM precision table, kept whole as JSON
+EVIDENCE_KEYS = ("evidence", "unknowns", "unknowns_total", "conflicts", "distributions", "gemm_precision")
 
 
 def budget_rows(entry_id: int, b: Budget) -> dict:
@@ -315,7 +315,8 @@ def budget_rows(entry_id: int, b: Budget) -> dict:
                               for i, c in enumerate(d["categories"])]
         out["kernels"] += [{**key, "position": i, "name": k["name"], "demangled": k["demangled"],
                             "category": k["category"], "family": k["family"], "ms_per_step": float(k["ms_per_step"]),
-                            "count_per_step": float(k["count_per_step"])} for i, k in enumerate(d["kernels"])]
+                            "count_per_step": float(k["count_per_step"]), "weight_dtype": k.get("weight_dtype"),
+                            "math": k.get("math")} for i, k in enumerate(d["kernels"])]
         out["kernel_shapes"] += [{**key, "kernel_position": i, "position": j, **_shape_columns(s["shape"]),
                                   "label": s["label"], **{c: float(s[c]) for c in ("ms_per_step", "count_per_step",
                                                                                   "mean_us", "share")}}

@@ -65,6 +65,9 @@ TABLES = {
     "kernels": ({
         "entry_id": int, "device": int, "position": int, "name": str, "demangled": str, "category": str,
         "family": str, "ms_per_step": float, "count_per_step": float,
+        # a GEMM kernel's weight precision and how its math ran (taxonomy rule data; NULL for other kernels and in
+        # ledgers made before)
+        "weight_dtype": str, "math": str,
     }, ("entry_id", "device", "position"), [ENTRY], [(("category",), False), (("name",), False)]),
     # a kernel row's launch shapes (budget kernels[].shapes), in the budget's order; grid/block/registers NULL when
     # the capture did not record the shape, gemm_m/n/k NULL when no linear layer's NVTX range named them
@@ -105,7 +108,8 @@ TABLES = {
 
 # columns added to a table after ledgers had been made without them: NULL in their older rows, added to an older
 # ledger's table by its next write (add_new_columns); readers take NULL as "not recorded"
-ADDED_COLUMNS = {"categories": ("exclusive_ms_per_step", "overlapped_ms_per_step"), "step_categories": ("exclusive_ns",)}
+ADDED_COLUMNS = {"categories": ("exclusive_ms_per_step", "overlapped_ms_per_step"), "step_categories": ("exclusive_ns",),
+                 "kernels": ("weight_dtype", "math")}
 
 
 def add_new_columns(db) -> None:
