@@ -93,7 +93,7 @@ def budget_dict(db, entry: dict) -> dict:
         if dev in short:
             out["short_kernels"] = {k: short[dev][k] for k in ("under_us", "count_per_step", "ms_per_step", "share")}
         out["outside_steps"] = {"ops": d["outside_steps_ops"], "ms": d["outside_steps_ms"]}
-        out.update(_loads(d.get("evidence_json")) or {})
+        out.update(stored_json(db, "devices", d, "evidence_json") or {})
         if dev in comm:
             out["comm"] = {k: comm[dev][k] for k in TABLES["comm"][0] if k not in ("entry_id", "device")}
             out["comm"]["by_category"] = [_drop_device(c) for c in comm_cats.get(dev, [])]
