@@ -7,13 +7,25 @@ Exception) with the CLI's one-line message.
 """
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Optional, Sequence
 
-from profattr.errors import ProfattrError
+from profattr.errors import ProfattrError, reset_warnings
 
 NS_PER_MS = 1e6
+
+
+def _call(fn):
+    """A library call: its warnings (ProfattrWarning) are said once per message within the call."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        reset_warnings()
+        return fn(*args, **kwargs)
+
+    return wrapper
 
 
 class Result:
@@ -96,6 +108,7 @@ class Capture:
     def __repr__(self) -> str:
         return f"Capture({str(self.path)!r}, format={self.format!r})"
 
+    @_call
     def budget(self, steps: str = "auto", rules: Sequence = (), skip_steps=None, by: str = "category",
                layer_range: Optional[str] = None, mapping=None) -> Budget:
         """As `profattr budget CAPTURE --format json` (with the per-step tables for to_pandas)."""
@@ -111,6 +124,7 @@ class Capture:
         return gap(self, **options)
 
 
+@_call
 def open(path) -> Capture:  # noqa: A001 - profattr.open, as a notebook reads it
     """The capture at `path` (nsys .sqlite / .nsys-rep, torch trace, folder of rank traces)."""
     return path if isinstance(path, Capture) else Capture(path)
@@ -127,6 +141,7 @@ def _side(spec):
     return _path(spec)
 
 
+@_call
 def diff(a, b, steps: str = "auto", rules: Sequence = (), samples: Optional[int] = None,
          changed: Optional[str] = None, min_windows: int = 3, skip_steps=None, by: str = "category",
          layer_range: Optional[str] = None) -> Result:
@@ -139,6 +154,7 @@ def diff(a, b, steps: str = "auto", rules: Sequence = (), samples: Optional[int]
                                changed=changed, min_windows=min_windows))
 
 
+@_call
 def gap(capture, model: Optional[str] = None, hardware: Optional[str] = None, steps: str = "auto",
         rules: Sequence = (), **options) -> Result:
     """As `profattr gap CAPTURE --format json`; options: quant, tp, context_len, run_json, kv_dtype, bandwidth."""
@@ -147,6 +163,7 @@ def gap(capture, model: Optional[str] = None, hardware: Optional[str] = None, st
     return Result(capture_gap(_path(capture), model=model, hardware=hardware, steps=steps, rules=rules, **options))
 
 
+@_call
 def check(capture, twin=None) -> Result:
     """As `profattr check CAPTURE --format json`: `status` and `findings`."""
     from profattr.check import to_json
@@ -156,6 +173,7 @@ def check(capture, twin=None) -> Result:
     return Result(to_json(findings, cap))
 
 
+@_call
 def report(captures, out, force: bool = False, labels: Optional[Sequence[str]] = None, steps: str = "auto",
            rules: Sequence = (), hardware: Optional[str] = None, samples: Optional[int] = None,
            changed: Optional[str] = None, skip_steps=None, layers: bool = False) -> list:
@@ -176,6 +194,7 @@ def report(captures, out, force: bool = False, labels: Optional[Sequence[str]] =
     return write_report(data, Path(out), force=force)
 
 
+@_call
 def classify(names, rules: Sequence = (), nvtx: Sequence[str] = (), torch_ops: Sequence[str] = ()) -> list:
     """As `profattr classify NAMES --format json`: per name {name, category, family, rule, evidence}; `nvtx` and
     `torch_ops` are the launch contexts (enclosing NVTX ranges, launching torch operators)."""
@@ -214,6 +233,7 @@ class Ledger:
         finally:
             db.close()
 
+    @_call
     def add(self, captures, labels: Optional[Sequence[str]] = None, steps: str = "auto", rules: Sequence = (),
             skip_steps=None) -> list:
         from profattr.ledger.record import add_captures
@@ -222,16 +242,19 @@ class Ledger:
         return add_captures(self.path, [Path(_path(c)) for c in items], labels=labels, steps=steps, rules=rules,
                             skip_steps=skip_steps)
 
+    @_call
     def entries(self) -> list:
         from profattr.ledger import query
 
         return self._read(query.list_rows)
 
+    @_call
     def show(self, entry) -> dict:
         from profattr.ledger import query
 
         return self._read(lambda db: query.show(db, query.resolve_entry(db, entry, self.path)))
 
+    @_call
     def compare(self, a, b, samples: Optional[int] = None, changed: Optional[str] = None) -> Result:
         from profattr.attribute.diff import BOOTSTRAP_SAMPLES
         from profattr.ledger import query
@@ -239,6 +262,7 @@ class Ledger:
         n = BOOTSTRAP_SAMPLES if samples is None else samples
         return Result(self._read(lambda db: query.compare(db, self.path, a, b, samples=n, changed=changed)))
 
+    @_call
     def trend(self, metric: str) -> list:
         from profattr.ledger import query
 

@@ -100,6 +100,8 @@ def test_bad_input_is_a_plain_exception():
     with pytest.raises(profattr.ProfattrError) as info:
         profattr.open("examples/h200/no-such-capture.sqlite")
     assert "no such file" in str(info.value)
+    assert not isinstance(info.value, __import__("click").ClickException)  # a plain Exception, no Click needed
+    assert info.value.exit_code == 2
 
 
 def test_ledger_add_and_list(tmp_path):
@@ -111,3 +113,17 @@ def test_ledger_add_and_list(tmp_path):
     shown = ledger.show("triton")
     assert shown["budget"]["devices"][0]["mean_step_ms"] == pytest.approx(
         profattr.open(GLM).budget().devices[0]["mean_step_ms"])
+
+
+def test_input_warnings_are_python_warnings_in_the_library(tmp_path):
+    from badinput import KERNEL, copy_export
+    from badinput import sql as run_sql
+
+    cap = copy_export(tmp_path)
+    run_sql(cap, f"UPDATE {KERNEL} SET streamId = -3 WHERE rowid = (SELECT min(rowid) FROM {KERNEL})")
+    with pytest.warns(profattr.errors.ProfattrWarning, match="skipped 1 damaged row"):
+        data = profattr.open(cap).budget().to_dict()
+    assert data["capture"]["skipped_rows"][KERNEL]["rows"] == 1
+    # the CLI still says it as one `warning:` line on stderr
+    result = CliRunner().invoke(cli, ["budget", str(cap), "--format", "json", "--no-cache"])
+    assert result.exit_code == 0 and result.stderr.count("warning: ") == 1 and "damaged row" in result.stderr
