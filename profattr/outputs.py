@@ -30,7 +30,7 @@ SQLITE_COMPANIONS = ("-wal", "-shm", "-journal")
 def companions(path) -> list:
     """Files that belong to an input `path`: NAME.run.json beside a capture, the .sqlite exported from a .nsys-rep,
     and SQLite's -wal/-shm/-journal."""
-    from profattr.trace.reader import run_json_path
+    from profattr.inputs import run_json_path
 
     p = Path(path)
     out = [p, run_json_path(p)]
