@@ -1,35 +1,71 @@
-"""One exception type for every user-facing failure: one clear line, non-zero exit, no traceback; and warnings, one
-line each on stderr, said once per command."""
-import click
+"""One exception type for every user-facing failure, and warnings about the input.
+
+`ProfattrError` is a plain Exception: library callers catch it like any other; the CLI (cli.py run_guarded) prints
+it as one line `error: ...` and exits 2. `warn` says what profattr has to say about its input: under the CLI one line
+`warning: ...` on stderr, once per command; in library calls a Python warning (ProfattrWarning), once per message
+per call (api.py forgets the messages said at the start of each call)."""
+from __future__ import annotations
+
+import sys
+import warnings
 
 from profattr.text import clean
 
 
-class ProfattrError(click.ClickException):
+class ProfattrError(Exception):
     """What is wrong and what to do, in one line. The CLI prints it as `error: ...` and exits 2."""
 
     exit_code = 2
 
+    def __init__(self, message: str = ""):
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return str(self.message)
+
     def format_message(self) -> str:
-        return " ".join(clean(self.message).split())
+        return " ".join(clean(str(self.message)).split())
 
     def show(self, file=None) -> None:
-        click.echo(f"error: {self.format_message()}", err=True)
+        _echo(f"error: {self.format_message()}", file)
+
+
+class ProfattrWarning(UserWarning):
+    """What profattr has to say about its input (damaged rows skipped, a rule that matches nothing, ...)."""
 
 
 _warned: set = set()
+_to_stderr = False  # True while a CLI command runs (cli.py)
+
+
+def _echo(line: str, file=None) -> None:
+    import click  # the CLI's output, with its encoding handling; only a command reaches here
+
+    click.echo(line, file=file if file is not None else sys.stderr)
 
 
 def warn(message: str) -> None:
-    """Print `warning: MESSAGE` on stderr (one line, control characters removed), once per command run: the same
-    message from a capture read twice (a report reads each capture for several sections) is said once."""
+    """Say `message` (one line, control characters removed) once: as `warning: MESSAGE` on stderr under a command,
+    else as a ProfattrWarning. The same message from a capture read twice (a report reads each capture for several
+    sections) is said once."""
     line = " ".join(clean(message).split())
     if line in _warned:
         return
     _warned.add(line)
-    click.echo(f"warning: {line}", err=True)
+    if _to_stderr:
+        _echo(f"warning: {line}")
+    else:
+        warnings.warn(line, ProfattrWarning, stacklevel=2)
 
 
 def reset_warnings() -> None:
-    """Forget the warnings said so far (the CLI calls it at the start of every command)."""
+    """Forget the warnings said so far (the CLI calls it at the start of every command, api.py at every call)."""
     _warned.clear()
+
+
+def warnings_to_stderr(on: bool) -> bool:
+    """Send warn() to stderr (`warning: ...` lines) or to Python's warnings; returns the previous setting."""
+    global _to_stderr
+    previous, _to_stderr = _to_stderr, bool(on)
+    return previous

@@ -106,3 +106,14 @@ def read_text(path, what: str = "a text file") -> str:
         return p.read_bytes().decode("utf-8", errors="replace")
     except OSError as exc:
         raise ProfattrError(f"{p}: cannot read it ({exc.strerror or exc})") from None
+
+
+def run_json_path(capture) -> Path:
+    """NAME.run.json beside NAME.sqlite / NAME.nsys-rep / NAME.qdstrm (written by `profattr capture`)."""
+    capture = Path(capture)
+    name = capture.name
+    for suffix in (".sqlite", ".nsys-rep", ".qdstrm"):
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+            break
+    return capture.with_name(name + ".run.json")

@@ -30,7 +30,7 @@ SQLITE_COMPANIONS = ("-wal", "-shm", "-journal")
 def companions(path) -> list:
     """Files that belong to an input `path`: NAME.run.json beside a capture, the .sqlite exported from a .nsys-rep,
     and SQLite's -wal/-shm/-journal."""
-    from profattr.trace.reader import run_json_path
+    from profattr.inputs import run_json_path
 
     p = Path(path)
     out = [p, run_json_path(p)]
@@ -142,14 +142,16 @@ def write_text(path, text: str, force: bool = False, given: Iterable = (), what:
     return Path(path)
 
 
-def emit(text: str, output=None, force: bool = False, given: Iterable = ()) -> None:
+def emit(text: str, output=None, force: bool = False, given: Iterable = (), exact: bool = False) -> None:
     """A command's rendered result: to stdout, or to `output` under the policy above. Control characters other than
-    line breaks never leave (text.clean_block)."""
-    text = clean_block(text)
+    line breaks never leave (text.clean_block), except with `exact`: a machine format (CSV) whose fields carry the
+    capture's names as they are."""
+    if not exact:
+        text = clean_block(text)
     if output:
         write_text(output, text, force, given)
     else:
-        click.echo(text)
+        click.echo(text, color=True if exact else None)  # color=True: Click keeps escape sequences as they are
 
 
 def output_options(force: bool = True):

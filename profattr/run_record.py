@@ -130,9 +130,8 @@ def beside(capture) -> tuple:
     """(run or None, its path or None): NAME.run.json beside a capture, validated; None when there is none (or it
     is not a file there: a FIFO is never waited on), a ProfattrError when it is there but cannot be trusted."""
     from profattr import inputs
-    from profattr.trace.reader import run_json_path
 
-    path = run_json_path(capture)
+    path = inputs.run_json_path(capture)
     if not os.path.lexists(path) or not inputs.is_regular_file(path):
         return None, None
     return load(path), path

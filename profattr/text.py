@@ -1,9 +1,11 @@
-"""Strings that come from captures (kernel names, NVTX text, server logs) before they reach a terminal, a CSV, JSON
-or markdown: control characters (ESC sequences, NUL, line breaks) are replaced, so a name can neither move the
-cursor nor split a table row.
+"""Strings that come from captures (kernel names, NVTX text, server logs) before they reach a terminal or markdown:
+control characters (ESC sequences, NUL, line breaks) are replaced, so a name can neither move the cursor nor split
+a table row.
 
-Every renderer cleans the structure it renders (`clean_tree`) before it lays it out; what leaves the CLI is cleaned
-once more as a block (`clean_block`: line breaks kept, every other control character replaced)."""
+Every renderer for people cleans the structure it renders (`clean_tree`) before it lays it out; what leaves the CLI
+is cleaned once more as a block (`clean_block`: line breaks kept, every other control character replaced). The
+budget's and diff's JSON and the budget's CSV are exact instead: JSON escapes control characters, CSV quotes them
+(outputs.emit with exact=True)."""
 from __future__ import annotations
 
 import re

@@ -79,8 +79,6 @@ def budget(capture, steps, skip_steps, rules, fmt, top, by, layer_range, mapping
 
     import json
 
-    from profattr.text import clean_tree
-
     given = [capture, mapping, *rules]
     if output:
         check_output(output, force, given)  # before the slow part
@@ -88,15 +86,15 @@ def budget(capture, steps, skip_steps, rules, fmt, top, by, layer_range, mapping
                             by="layer" if layer_range is not None else by, layer_range=layer_range,
                             skip_steps=skip_steps, step_categories=False)  # what it prints needs no per-step table
     data = result.to_dict()
-    if fmt == "json":
-        text = json.dumps(clean_tree(data), indent=2)
+    if fmt == "json":  # a machine format: names exactly as captured, control characters escaped by JSON
+        text = json.dumps(data, indent=2)
     elif fmt == "csv":
         text = budget_view.render_csv(data)
     elif fmt == "markdown":
         text = budget_view.render_markdown(data, top=top)
     else:
         text = budget_view.render_table(data, top=top)
-    emit(text, output, force, given)
+    emit(text, output, force, given, exact=fmt == "csv")
 
 
 class GroupsCommand(click.Command):
@@ -201,8 +199,8 @@ def diff(captures, steps, skip_steps, rules, fmt, changed, samples, mapping_a, m
     by = "layer" if layer_range is not None else by
     side_a, side_b = load_sides(a, b, steps, rules, mapping_a, mapping_b, by, layer_range, skip_steps)
     result = compute_diff(side_a, side_b, samples=samples, changed=changed, min_windows=min_windows)
-    if fmt == "json":
-        text = json.dumps(clean_tree(result), indent=2)
+    if fmt == "json":  # names exactly as captured, escaped by JSON
+        text = json.dumps(result, indent=2)
     elif fmt == "markdown":
         text = diff_view.render_markdown(result)
     else:

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
 
 import click
 
@@ -68,40 +67,6 @@ def limit(model, quant, hardware, tp, context_len, allreduce, launch, kernels, d
     emit(text.rstrip("\n"), output, force, given)
 
 
-def _gap_model(capture: Path, model: Optional[str], quant, tp, context_len, run_json, n_devices, hw, kv_dtype):
-    """ModelSpec for a capture: --model if given, else the built-in workload's record or the served model's
-    config.json that run.json keeps."""
-    from profattr.limits.model import load_model
-    from profattr.limits.served import spec_from_run
-    from profattr.limits.workload import load_run_json, served_defaults, spec_from_workload
-    from profattr.trace.reader import run_json_path
-
-    path = Path(run_json) if run_json else run_json_path(capture)
-    run = load_run_json(path) if path.exists() else None
-    if model:
-        recorded = served_defaults(run) if run else {}
-        return load_model(model, tp=tp or recorded.get("tp") or n_devices or 1, quant=quant,
-                          context_len=context_len if context_len is not None else
-                          recorded.get("context_len", DEFAULT_CONTEXT_LEN), dsa_runs=hw.dsa_runs,
-                          kv_dtype=kv_dtype, batch=recorded.get("batch", 1))
-    if run is None:
-        raise ProfattrError(f"no model for {capture.name}: {path.name} not found; pass --model (a preset or "
-                            "config.json) or --run-json")
-    record = run.get("workload")
-    if not isinstance(record, dict):
-        if quant:
-            from profattr.limits.model import quant_schemes
-
-            if quant not in quant_schemes():
-                raise ProfattrError(f"unknown quantization {quant!r}; valid: {', '.join(quant_schemes())}")
-        return spec_from_run(run, source=str(path), tp=tp, context_len=context_len, kv_dtype=kv_dtype,
-                             dsa_runs=hw.dsa_runs, quant=quant)
-    spec = spec_from_workload(record, context_len=context_len, source=str(path))
-    if tp and tp != spec.tp:
-        raise ProfattrError(f"--tp {tp} disagrees with the workload's recorded tp {spec.tp}")
-    return spec
-
-
 @click.command("gap")
 @click.argument("capture", type=click.Path(path_type=Path))
 @click.option("--model", "-m", "model", default=None,
@@ -132,8 +97,6 @@ def _gap_model(capture: Path, model: Optional[str], quant, tp, context_len, run_
 def gap(capture, model, quant, hardware, tp, context_len, run_json, kv_dtype, steps, rules, bandwidth, chart, force,
         fmt, output):
     """How far CAPTURE is from the hardware limit, per category, as a waterfall from floor to measured step."""
-    from profattr.limits.gap import compute_gap
-    from profattr.limits.hardware import hardware_presets, load_hardware, match_hardware, read_capture_gpus
     from profattr.limits.render import render_gap_markdown, render_gap_table
 
     given = [capture, run_json, model, *rules]
@@ -143,27 +106,10 @@ def gap(capture, model, quant, hardware, tp, context_len, run_json, kv_dtype, st
         check_output(output, force, given)
     if chart is not None and output and str(chart) == str(output):
         raise ProfattrError(f"--chart and -o name the same file {chart}; give two files")
-    try:
-        from profattr.attribute.budget import compute_budget
-        from profattr.trace.reader import resolve_capture
-    except ImportError as exc:  # pragma: no cover - the budget ships with the package
-        raise ProfattrError(f"the budget stage is not available ({exc})") from None
-    sqlite_path = Path(resolve_capture(capture))
-    budget = compute_budget(sqlite_path, steps=steps, rules=rules).to_dict()
-    gpus = read_capture_gpus(sqlite_path)
-    if hardware is None:
-        names = {str(g.get("name") or "") for g in gpus.values()}
-        matched = {match_hardware(n) for n in names if n}
-        if len(matched) != 1 or None in matched:
-            raise ProfattrError(f"cannot tell the hardware from the capture (GPUs: {', '.join(sorted(names)) or 'none'}"
-                                f"); pass --hardware, one of: {', '.join(hardware_presets())}")
-        hardware = matched.pop()
-    hw = load_hardware(hardware)
-    spec = _gap_model(capture, model, quant, tp, context_len, run_json, len(budget.get("devices", [])), hw,
-                      kv_dtype)
-    say_warnings(spec)
-    fraction = 1.0 if bandwidth == "peak" else hw.achievable_bandwidth_fraction.value
-    result = compute_gap(budget, spec, hw, capture_gpus=gpus, bandwidth_fraction=fraction)
+    from profattr.limits.capture_gap import capture_gap
+
+    result = capture_gap(capture, model=model, quant=quant, hardware=hardware, tp=tp, context_len=context_len,
+                         run_json=run_json, kv_dtype=kv_dtype, steps=steps, rules=rules, bandwidth=bandwidth)
     if chart is not None:
         from profattr.limits.chart import write_gap_chart
 

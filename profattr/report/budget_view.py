@@ -185,7 +185,8 @@ def _short(name: str, width: int = 90) -> str:
 
 
 def render_csv(budget: dict) -> str:
-    budget = clean_tree(budget)
+    """One row per device figure, category, kernel, launch shape and layer; names exactly as captured (the csv
+    module quotes a field holding a comma, a quote or a line break)."""
     buf = io.StringIO()
     w = csv.writer(buf)
     header = ["device", "row", "category", "name", "ms_per_step", "count_per_step", "exclusive_ms_per_step",

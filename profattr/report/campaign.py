@@ -108,7 +108,7 @@ def write_campaign_report(entries: Sequence[dict], ledger: str, out_dir: Path, c
     """A report of the campaign alone (`profattr report --ledger PATH` without captures): report.md and its chart.
     Refuses to replace either without `force`; returns the paths written."""
     from profattr import __version__
-    from profattr.report.markdown import code_block
+    from profattr.report.md_table import code_block
 
     from profattr.outputs import atomic_path, check_output, ensure_folder, write_text
 

@@ -15,6 +15,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from profattr import inputs
+from profattr.inputs import run_json_path  # noqa: F401 (NAME.run.json: inputs.py)
 from profattr.errors import ProfattrError
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
@@ -391,14 +392,3 @@ def resolve_capture(path, force: bool = False, nsys: str | None = None, kind: st
 
     nsys_tool.export_sqlite(path, out, nsys=nsys, force=True)
     return out
-
-
-def run_json_path(capture) -> Path:
-    """NAME.run.json beside NAME.sqlite / NAME.nsys-rep / NAME.qdstrm (written by `profattr capture`)."""
-    capture = Path(capture)
-    name = capture.name
-    for suffix in (".sqlite", ".nsys-rep", ".qdstrm"):
-        if name.endswith(suffix):
-            name = name[: -len(suffix)]
-            break
-    return capture.with_name(name + ".run.json")
