@@ -196,8 +196,8 @@ def report(captures, out, force: bool = False, labels: Optional[Sequence[str]] =
 
 @_call
 def classify(names, rules: Sequence = (), nvtx: Sequence[str] = (), torch_ops: Sequence[str] = ()) -> list:
-    """As `profattr classify NAMES --format json`: per name {name, category, family, rule, evidence}; `nvtx` and
-    `torch_ops` are the launch contexts (enclosing NVTX ranges, launching torch operators)."""
+    """As `profattr classify NAMES --format json`: per name {name, category, family, rule, evidence, weight_dtype,
+    math}; `nvtx` and `torch_ops` are the launch contexts (enclosing NVTX ranges, launching torch operators)."""
     from profattr.taxonomy.classify import load_rules
 
     names = [names] if isinstance(names, str) else list(names)
@@ -208,7 +208,9 @@ def classify(names, rules: Sequence = (), nvtx: Sequence[str] = (), torch_ops: S
         decision = ruleset.decide(name, contexts)
         rule = decision.rule
         out.append({"name": name, "category": decision.category, "family": rule.family if rule else None,
-                    "rule": rule.id if rule else None, "evidence": decision.evidence})
+                    "rule": rule.id if rule else None, "evidence": decision.evidence,
+                    "weight_dtype": (rule.weight_dtype or None) if rule else None,
+                    "math": (rule.math or None) if rule else None})
     return out
 
 

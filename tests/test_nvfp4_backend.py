@@ -278,6 +278,6 @@ def test_report_states_precision_and_math_and_puts_the_backend_line_first_in_its
     assert result.exit_code == 0, result.output
     text = (out / "report.md").read_text()
     assert "| gemm.fp4 | fp4 | W4A16: unpacked to BF16 in the kernel |" in text
-    pair = text[text.index("\n### b vs a"):]  # the diff section's block for this pair of captures
+    pair = text[text.index("\n### `b` vs `a`"):]  # the diff section's block for this pair of captures (labels as code spans)
     lines = [line for line in pair.splitlines()[2:] if line.strip()]
     assert lines[0].startswith("- **The premise of this comparison is wrong:** not a backend comparison"), lines[:2]

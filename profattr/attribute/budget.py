@@ -177,7 +177,8 @@ def compute_budget(path, steps: str = "auto", rules: Sequence = (), force: bool 
                 reader.close()
     annotate_precision(budget.devices, ruleset)
     attribution = budget.attribution
-    kernel_distributions(budget)  # the spread of the largest kernels: only where every op is at hand
+    if not windowed:  # the spread of the largest kernels: where the caller reads every op at once (not where a
+        kernel_distributions(budget)  # windowed budget fell back to one window: its JSON stays the same)
     if by == "layer" or layer_range is not None:
         add_layers(budget, attribution, layer_range)
     if not keep_attribution:
