@@ -35,9 +35,13 @@ def kernel_labels(ncu, budget: Optional[dict], rules: Sequence = ()) -> tuple:
     where the budget has it, else the taxonomy's."""
     ruleset = load_rules(rules)
     device = _device(budget)
-    seen = {}
+    seen, ambiguous = {}, set()
     for k in (device or {}).get("kernels") or []:
-        seen.setdefault(k["name"], k)
+        first = seen.setdefault(k["name"], k)
+        if first["category"] != k["category"]:
+            ambiguous.add(k["name"])  # one short name, several kernels (dense and expert Marlin): by full name
+    for name in ambiguous:
+        del seen[name]
     # the capture's launches of each kernel per launch shape (budget kernels[].shapes), to match drilled families
     by_shape: dict = {}
     for k in (device or {}).get("kernels") or []:
