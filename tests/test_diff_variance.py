@@ -307,3 +307,25 @@ def test_variance_markdown_and_table_name_the_levels(aa):
         assert result.exit_code == 0, result.output
         assert "1 server(s), 2 window(s)" in result.output
         assert "needs 2+ servers of the configuration" in result.output or "| server | n/a |" in result.output
+
+
+def test_gate_fails_a_real_regression_with_three_windows_and_two_servers_a_side(export_example):
+    """NVFP4 back to FP8 at batch 1 (random prompts; 2 servers x 3 windows each side): a step regression the default
+    gate calls without lowering --min-windows. The expected delta is SQL's mean step per side."""
+    import statistics
+
+    from independent import expected_graph
+
+    fp8 = [export_example(f"glm5/glm-fp8-{s}-bs1-r{r}") for s in ("rnd", "rnd2") for r in (1, 2, 3)]
+    nvfp4 = [export_example(f"glm5-nvfp4/glm-nvfp4-{s}-bs1-r{r}") for s in ("rnd", "rnd2") for r in (1, 2, 3)]
+    median_step = {p: next(iter(expected_graph(p).values()))["step_ms"] for p in fp8 + nvfp4}
+    assert statistics.mean(median_step[p] for p in fp8) > statistics.mean(median_step[p] for p in nvfp4) + 0.5
+    result = _gate(["--skip-steps", "auto", "--fail-on", "5%", *map(str, nvfp4), "--", *map(str, fp8)])
+    assert result.exit_code == 1, result.stderr
+    lines = [x for x in result.stderr.splitlines() if x.startswith("regression:")]
+    assert len(lines) == 1 and "step" in lines[0] and "does not cover" not in lines[0]
+    verdict = json.loads(result.stdout)
+    assert verdict["verdict"] == "regression" and verdict["interval"]["covers_window_variance"]
+    assert verdict["interval"]["covers_server_variance"]
+    same = _gate(["--skip-steps", "auto", "--fail-on", "5%", *map(str, fp8[:3]), "--", *map(str, fp8[3:])])
+    assert same.exit_code == 0 and json.loads(same.stdout)["verdict"] != "regression"  # FP8 server A/A
