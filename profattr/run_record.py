@@ -145,3 +145,16 @@ def optional(path) -> Optional[dict]:
     if not os.path.lexists(path) or not inputs.is_regular_file(path):
         return None
     return load(path)
+
+
+def server_flag(run: Optional[dict], flag: str) -> Optional[str]:
+    """The value of `flag` (e.g. `--kv-cache-dtype`) on the server command line run.json recorded (`server.args`:
+    `--flag V` or `--flag=V`), or None."""
+    server = run.get("server") if isinstance(run, dict) else None
+    argv = [str(a) for a in ((server or {}).get("args") or [])] if isinstance(server, dict) else []
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return None

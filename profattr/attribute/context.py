@@ -15,6 +15,7 @@ from collections import Counter
 import numpy as np
 
 from profattr.attribute.graphs import STATUS_CREATION, STATUS_MAPPING
+from profattr.attribute.layers import deepest
 from profattr.regexguard import MAX_MATCH_CHARS
 from profattr.text import clean
 
@@ -29,37 +30,8 @@ FRAMES_ABSENT = "absent: the trace records no Python stacks (profile with_stack=
 
 def innermost_nested(range_tid, range_start, range_end, tid, t_ns) -> np.ndarray:
     """Index of the innermost range that holds each point (-1: none), for ranges that nest (torch operators,
-    NVTX module ranges): among the ranges of the point's thread that contain it, the latest-starting one. A
-    range that started later but already ended (a finished child) is skipped by walking up its parents."""
-    out = np.full(len(t_ns), -1, dtype=np.int64)
-    if len(range_start) == 0 or len(t_ns) == 0:
-        return out
-    for thread in np.unique(tid):
-        idx = np.flatnonzero(range_tid == thread)
-        q = np.flatnonzero(tid == thread)
-        if not len(idx) or not len(q):
-            continue
-        idx = idx[np.lexsort((-range_end[idx], range_start[idx]))]  # by start, the outer one first on ties
-        starts, ends = range_start[idx], range_end[idx]
-        parent = np.full(len(idx), -1, dtype=np.int64)
-        stack: list = []
-        for i in range(len(idx)):
-            while stack and ends[stack[-1]] < starts[i]:
-                stack.pop()
-            parent[i] = stack[-1] if stack else -1
-            stack.append(i)
-        r = np.searchsorted(starts, t_ns[q], side="right") - 1
-        while True:
-            open_ = r >= 0
-            bad = np.zeros(len(r), dtype=bool)
-            bad[open_] = ends[r[open_]] < t_ns[q][open_]
-            if not bad.any():
-                break
-            r[bad] = parent[r[bad]]
-        res = np.full(len(q), -1, dtype=np.int64)
-        res[r >= 0] = idx[r[r >= 0]]
-        out[q] = res
-    return out
+    NVTX module ranges): layers.deepest, which walks a finished child's parents up to a range that holds it."""
+    return deepest(range_tid, range_start, range_end, tid, t_ns)
 
 
 def torch_ops_frame(export):

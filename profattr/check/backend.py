@@ -5,6 +5,7 @@ back, or compiled/autotuned inside the window."""
 from __future__ import annotations
 
 from profattr.check import FAIL, PASS, SKIP, WARN, Finding, get
+from profattr.run_record import server_flag
 
 RESOLVED_ARGS = {"moe_runner_backend": "MoE runner", "fp8_gemm_runner_backend": "FP8 GEMM",
                  "fp4_gemm_runner_backend": "FP4 GEMM", "attention_backend": "attention"}
@@ -128,17 +129,6 @@ def check_server_log(run: dict | None) -> Finding:
                    data)
 
 
-def _requested_arg(run: dict | None, flag: str) -> str | None:
-    """The value of `--flag` on the server command line run.json recorded (`--flag V` or `--flag=V`)."""
-    argv = [str(a) for a in (get(run, "server", "args") or [])]
-    for i, arg in enumerate(argv):
-        if arg == flag and i + 1 < len(argv):
-            return argv[i + 1]
-        if arg.startswith(flag + "="):
-            return arg.split("=", 1)[1]
-    return None
-
-
 def gemm_families(names: list) -> dict:
     """{category: {family: ns}} of the GEMM kernels (gemm.* and moe.gemm), classified by the taxonomy, with the
     `math` their rules state ({family: math})."""
@@ -162,7 +152,7 @@ def check_fp4_backend(run: dict | None, names: list) -> Finding:
     """The FP4 GEMM backend and MoE runner asked for (run.json server arguments, `auto` included), what the server
     resolved (its log: server_args, the `quant=... quant_algo=...` load line) and the FP4 kernels that ran."""
     ev = get(run, "server_log") or {}
-    asked_gemm = _requested_arg(run, "--fp4-gemm-backend") or get(ev, "server_args", "fp4_gemm_runner_backend")
+    asked_gemm = server_flag(run, "--fp4-gemm-backend") or get(ev, "server_args", "fp4_gemm_runner_backend")
     resolved_gemm = get(ev, "resolved", "fp4_gemm_runner_backend")
     asked_moe = get(run, "backend", "sglang")
     resolved_moe = get(ev, "resolved", "moe_runner_backend")

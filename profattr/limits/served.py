@@ -13,6 +13,7 @@ from typing import List, Mapping, Optional, Tuple, Any
 from profattr.errors import ProfattrError
 from profattr.limits.model import ModelSpec, quant_schemes, spec_from_config, validate_config
 from profattr.limits.quantization import Quantization, parse, scheme_name
+from profattr.run_record import server_flag
 
 _KV_DTYPES = {"auto": None, "bf16": "bf16", "bfloat16": "bf16", "fp16": "bf16", "float16": "bf16",
               "fp8_e4m3": "fp8", "fp8_e5m2": "fp8", "fp8": "fp8"}
@@ -32,17 +33,11 @@ def quant_of_config(config: Mapping[str, Any]) -> Tuple[str, str, Optional[Quant
 
 
 def _server_arg(run: Mapping[str, Any], key: str) -> Optional[str]:
+    """A server argument as SGLang logged it (server_args), else as given on its command line (`--key-with-dashes`)."""
     args = ((run.get("server_log") or {}).get("server_args") or {})
     if args.get(key) is not None:
         return str(args[key])
-    argv: List[str] = [str(a) for a in ((run.get("server") or {}).get("args") or [])]
-    flag = "--" + key.replace("_", "-")
-    for i, arg in enumerate(argv):
-        if arg == flag and i + 1 < len(argv):
-            return argv[i + 1]
-        if arg.startswith(flag + "="):
-            return arg.split("=", 1)[1]
-    return None
+    return server_flag(run, "--" + key.replace("_", "-"))
 
 
 def kv_dtype_of(run: Mapping[str, Any], weights: str, recorded: Optional[str] = None) -> Tuple[str, str]:
