@@ -175,7 +175,6 @@ def compute_budget(path, steps: str = "auto", rules: Sequence = (), force: bool 
         finally:
             if reader is not export:
                 reader.close()
-    annotate_precision(budget.devices, ruleset)
     attribution = budget.attribution
     if not windowed:  # the spread of the largest kernels: where the caller reads every op at once (not where a
         kernel_distributions(budget)  # windowed budget fell back to one window: its JSON stays the same)
@@ -211,14 +210,18 @@ def budget_windowed(source, steps_spec: str, ruleset, skip_steps=None, step_cate
 
     if getattr(source, "store", None) is None:  # a torch-profiler trace: streamed into columns, no op store
         return None
-    return windowed_budget(source, steps_spec, ruleset, skip_steps, step_categories)
+    budget = windowed_budget(source, steps_spec, ruleset, skip_steps, step_categories)
+    if budget is not None:
+        annotate_precision(budget.devices, ruleset)
+    return budget
 
 
 def budget_of(export, steps: str = "auto", ruleset=None, mapping: "Attribution | None" = None,
               skip_steps=None, require_work: bool = True) -> Budget:
     """The budget of an open reader (trace/source.py open_trace), keeping its attribution. `require_work=False`
     (the checks) returns a budget with no devices instead of the error when its steps hold no GPU work."""
-    attribution = attribute(export, steps, ruleset if ruleset is not None else load_rules(()), mapping=mapping)
+    ruleset = ruleset if ruleset is not None else load_rules(())
+    attribution = attribute(export, steps, ruleset, mapping=mapping)
     budget = summarize(export, attribution)
     if skip_steps not in (None, 0, "0"):
         leading = _leading_to_skip(budget, skip_steps)
@@ -230,6 +233,7 @@ def budget_of(export, steps: str = "auto", ruleset=None, mapping: "Attribution |
     if require_work or len(attribution.ops) == 0:
         _require_work(export, budget, attribution, claims)
     budget.attribution = attribution
+    annotate_precision(budget.devices, ruleset)
     if claims is not None:
         budget.skipped_rows = {t: dict(r) for t, r in claims.skipped.items()}
         claims.warn()
