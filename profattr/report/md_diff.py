@@ -111,8 +111,11 @@ def _names(names: list) -> str:
 def _component_detail(c: dict, A: str, B: str) -> str:
     """Count vs duration part of a category change, and the kernels found on one side only (A, B: escaped)."""
     count, dur = c.get("from_count_ms", 0.0), c.get("from_duration_ms", 0.0)
+    added, removed = c.get("added_ms", 0.0) or 0.0, c.get("removed_ms", 0.0) or 0.0
     n = c.get("count_delta_per_step", 0.0)
-    if abs(count) >= abs(dur):
+    if abs(added) + abs(removed) > abs(count) + abs(dur):  # kernel families on one side only carry the change
+        text = f"mostly from kernels on one side only (added {added:+.3f} ms, removed {removed:+.3f} ms)"
+    elif abs(count) >= abs(dur):
         text = f"mostly from the kernel count ({n:+.1f} kernels/step: {count:+.3f} ms)"
     else:
         text = f"mostly from {'longer' if dur > 0 else 'shorter'} kernels ({dur:+.3f} ms; count {n:+.1f}/step)"
