@@ -185,14 +185,18 @@ def test_family_stats_are_min_median_max_of_the_launches():
 
 
 def test_moe_bytes_against_the_experts_one_token_reads():
-    """3 MoE layers x 8 experts x (gate, up, down) of 6144 x 2048 FP8 weights: the routed-expert floor."""
+    """3 MoE layers x 8 experts x (gate, up, down) of 6144 x 2048 FP8 weights, each with one FP32 scale per
+    128 x 128 block (quantization_config weight_block_size): the routed-expert floor."""
     run = json.loads((GLM / "glm-drill-cutlass.run.json").read_text())
     cfg = run["model_config"]
     moe_layers = cfg["num_hidden_layers"] - cfg["first_k_dense_replace"]
-    floor = moe_layers * cfg["num_experts_per_tok"] * 3 * cfg["hidden_size"] * cfg["moe_intermediate_size"]
+    matrices = moe_layers * cfg["num_experts_per_tok"] * 3
+    bh, bw = cfg["quantization_config"]["weight_block_size"]
+    scales = matrices * (cfg["hidden_size"] // bh) * (cfg["moe_intermediate_size"] // bw) * 4
+    floor = matrices * cfg["hidden_size"] * cfg["moe_intermediate_size"] + scales
     data = drill_json(GLM / "glm-drill-cutlass.ncu.csv")
     row = next(r for r in data["categories"] if r["category"] == "moe.gemm")
-    assert row["floor"]["bytes_per_step"] == floor == 905_969_664
+    assert row["floor"]["bytes_per_step"] == floor == 905_969_664 + 221_184
     want = sum(w["dram_bytes"] for w in expected_kernels(GLM / "glm-drill-cutlass.ncu.csv"))
     assert row["dram_bytes"] == pytest.approx(want, rel=1e-12)
     assert row["launches"] == 4 and row["drilled_share_of_floor_bytes"] == pytest.approx(want / floor)
