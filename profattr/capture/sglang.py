@@ -143,9 +143,9 @@ def prompt_ids(length: int, seed: int | None = None) -> list:
 
 class Requests:
     """The bodies of each round of concurrent requests. `random` (the default): every request of every round gets
-    its own prompt (seeded by the round's and the request's number, so a capture is reproducible), so a batch's
-    sequences route to different experts, as real traffic does; `same`: the one fixed prompt for all, as captures
-    made before this choice existed (all sequences then route alike: the expert GEMMs do not grow with batch)."""
+    its own prompt (seeded by the round's and the request's number, so a capture is reproducible), so a batch holds
+    distinct requests as real traffic does (whether they reach different experts is the router's: under dummy
+    weights they may not); `same`: the one fixed prompt for all, as captures made before this choice existed."""
 
     def __init__(self, kind: str, input_len: int, max_new_tokens: int, seed: int = 0):
         if kind not in PROMPT_KINDS:
