@@ -289,3 +289,29 @@ def zero_graph_correlations(path: Path) -> int:
     conn.commit()
     conn.close()
     return n
+
+
+ERROR, WARNING, OK = "error", "warning", "ok"  # what a bad-input case expects
+
+
+def assert_outcome(proc, expect: str, needles=(), code: int | None = None) -> None:
+    """A bad-input case's contract: no traceback, no internal error, no escape sequence; then one `error:` line
+    and exit `code` (2), or exit `code` (0) with a result on stdout and either one `warning:` line holding every
+    needle (WARNING) or nothing on stderr (OK)."""
+    out = proc.stdout.decode("utf-8", "replace")
+    err = proc.stderr.decode("utf-8", "replace")
+    assert "Traceback" not in out + err, err[-3000:]
+    assert "internal error" not in err, err[-3000:]
+    assert "\x1b" not in out and "\x1b" not in err
+    if expect == ERROR:
+        assert_error(proc, *needles, code=code or 2)
+        return
+    lines = stderr_lines(proc)
+    assert proc.returncode == (code or 0), (proc.returncode, err[-2000:])
+    if expect == WARNING:
+        assert len(lines) == 1 and lines[0].startswith("warning: "), err[-2000:]
+        for n in needles:
+            assert n in lines[0], (n, lines[0])
+    else:
+        assert lines == [], lines
+    assert out.strip(), "a usable input gives a result"

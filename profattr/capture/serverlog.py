@@ -191,25 +191,35 @@ def from_server_info(server_args: dict) -> dict:
             "default_kernel_configs": [], "counts": {}, "events": {}}
 
 
-def read_log(path) -> dict | None:
-    """`parse` of a log file (the last MAX_BYTES of it), or None when it cannot be read."""
+def _log_bytes(path, whole: bool = False) -> bytes | None:
+    """A log file's bytes, gunzipped for a .gz: its last MAX_BYTES, or with `whole` all of it (byte offsets
+    recorded while it was written refer to the start; a log too large for that gives None), None when unreadable."""
     try:
         path = Path(path)
         size = path.stat().st_size
+        gz = path.suffix == ".gz"
+        if whole and size > MAX_BYTES * (4 if gz else 1):
+            return None
         with path.open("rb") as fh:
-            if size > MAX_BYTES:
+            if not whole and size > MAX_BYTES:
                 fh.seek(size - MAX_BYTES)
             data = fh.read()
     except OSError:
         return None
-    if path.suffix == ".gz":
+    if gz:
         import gzip
 
         try:
             data = gzip.decompress(data)
         except (OSError, EOFError):
             return None
-    return parse(data.decode("utf-8", errors="replace"))
+    return data
+
+
+def read_log(path) -> dict | None:
+    """`parse` of a log file (the last MAX_BYTES of it), or None when it cannot be read."""
+    data = _log_bytes(path)
+    return None if data is None else parse(data.decode("utf-8", errors="replace"))
 
 
 def for_window(evidence: dict | None, window: dict) -> dict | None:
@@ -261,20 +271,9 @@ def unprofiled_steps(path, batch: int, span_bytes=None) -> dict | None:
     """The unprofiled time of one decode step at `batch` from the server's own decode lines: those of the timed
     rounds when the capture recorded where they lie in the log (`span_bytes`), else every clean decode line at that
     batch (warm-up, timing and windows alike: a rougher figure, said so). None without a readable log or lines."""
-    try:
-        path = Path(path)
-        raw = path.read_bytes() if path.stat().st_size <= MAX_BYTES * (4 if path.suffix == ".gz" else 1) else None
-    except OSError:
-        return None
+    raw = _log_bytes(path, whole=True)
     if raw is None:
         return None
-    if path.suffix == ".gz":
-        import gzip
-
-        try:
-            raw = gzip.decompress(raw)
-        except (OSError, EOFError):
-            return None
     where = "all of the server's decode lines at this batch (the capture recorded no timing span)"
     if span_bytes and len(span_bytes) == 2 and all(isinstance(x, int) for x in span_bytes):
         raw, where = raw[span_bytes[0]:span_bytes[1]], "the unprofiled timing rounds"
