@@ -11,8 +11,10 @@ It implements the behaviour the capture driver relies on, written from SGLang 0.
   answer PLAIN TEXT ("Start profiling.\\n", "Stop profiling. This will take some time.\\n");
 - python/sglang/srt/managers/tokenizer_control_mixin.py: a failed profile request raises RuntimeError, which the
   HTTP layer turns into status 500 (for example /stop_profile when no profile is in progress);
-- python/sglang/srt/managers/scheduler_components/profiler_manager.py: the window opens at once and, with
-  `num_steps`, closes by itself after that many forward steps (prefill or decode), checked before each step;
+- python/sglang/srt/managers/scheduler_components/profiler_manager.py: the window opens at once (with `start_step`:
+  at the next forward step) and, with `num_steps`, closes by itself after that many forward steps (prefill or
+  decode), checked before each step; a start while a profile is in progress fails (500) only with `start_step` or
+  `profile_by_stage`, and is otherwise answered 200 while the profile in progress goes on with its own settings;
 - python/sglang/srt/managers/tokenizer_manager.py: streamed `output_ids` are cumulative;
   `meta_info` carries `prompt_tokens`, `completion_tokens` and `finish_reason` ({"type": "length", ...});
 - python/sglang/srt/managers/scheduler_components/profiler_manager.py: activities "CPU"/"GPU" (the torch profiler)
@@ -116,6 +118,7 @@ class Scheduler(threading.Thread):
         self.window_left = None
         self.stopped = threading.Event()
         self.torch_window = None  # the /start_profile body of a torch-profiler window, and its events
+        self.pending_start = None  # (body, forward step) of a window asked for with start_step
         self.torch_events: list = []
         self.decode_ct, self.decode_tokens, self.decode_tic = 0, 0, time.perf_counter()
 
@@ -126,8 +129,24 @@ class Scheduler(threading.Thread):
         return reply.get(timeout=30)
 
     def _start_profile(self, body: dict) -> tuple:
+        # profiler_manager.py, the START_PROFILE branch: with start_step (or profile_by_stage) the answer is
+        # _init_profile's own, which fails while a profile is in progress; without them that failure is dropped
+        # and _start_profile() starts the profiler again with the settings of the profile in progress, answering
+        # success (so a second client's start looks accepted, and its output_dir is ignored)
+        staged = bool(body.get("start_step")) or bool(body.get("profile_by_stage"))
         if self.profiling:
-            return False, "Profiling is already in progress. Call /stop_profile first."
+            if staged:
+                return False, "Profiling is already in progress. Call /stop_profile first."
+            record("start_profile_restarted", body=body, forward_ct=self.forward_ct)
+            log("Profiling starts (the profile in progress, started again with its own settings)")
+            return True, "Succeeded"
+        if staged:  # the window opens at the forward step max(start_step, forward_ct + 1)
+            self.pending_start = (body, max(int(body.get("start_step") or 0), self.forward_ct + 1))
+            return True, "Succeeded"
+        return self._begin_profile(body)
+
+    def _begin_profile(self, body: dict) -> tuple:
+        self.pending_start = None
         self.profiling = True
         self.window_left = body.get("num_steps")
         acts = body.get("activities") or ["CPU", "GPU"]
@@ -196,6 +215,8 @@ class Scheduler(threading.Thread):
             if not self.running:
                 time.sleep(0.001)
                 continue
+            if self.pending_start is not None and self.forward_ct >= self.pending_start[1]:
+                self._begin_profile(self.pending_start[0])
             if self.profiling and self.window_left is not None and self.window_left <= 0:
                 self._stop_profile("num_steps")
             self._step()

@@ -429,3 +429,16 @@ def test_attach_does_not_replace_an_earlier_capture_without_force(server, tmp_pa
     assert result.exit_code == 1, result.output  # the stub's kernel is no CUTLASS GEMM: the backend check fails
     assert json.loads(earlier.read_text())["server"]["attached"] is True
     assert (out / "mine-TP-0.trace.json.gz").exists()
+
+
+def test_stub_answers_a_second_start_as_sglang_does(server):
+    """The stand-in follows profiler_manager.py: a start without start_step while a profile runs is answered 200
+    (the profile in progress goes on with its own settings); with start_step it fails with 500. This is why the
+    window's /start_profile carries start_step (capture/sglang.py torch_profile_body)."""
+    srv = server()
+    assert post(srv.url + "/start_profile", {"activities": ["CUDA_PROFILER"]}) == 200
+    assert post(srv.url + "/start_profile", {"activities": ["CPU", "GPU"], "output_dir": "/nonexistent"}) == 200
+    assert post(srv.url + "/start_profile", {"activities": ["CPU", "GPU"], "start_step": 1}) == 500
+    kinds = [e["event"] for e in srv.since_ready()]
+    assert kinds.count("start_profile") == 1 and "start_profile_restarted" in kinds
+    assert post(srv.url + "/stop_profile", {}) == 200

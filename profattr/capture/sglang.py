@@ -186,9 +186,16 @@ def torch_profile_body(num_steps: int, output_dir: str, profile_id: str, with_st
     """`/start_profile` for a torch-profiler trace (profiler_manager.py: activities CPU and GPU; the trace is
     written as OUTPUT_DIR/PROFILE_ID-TP-<rank>.trace.json.gz when `num_steps` forward steps have run). Stacks and
     shapes are off by default: they cost CPU time in every step and inflate the trace; SGLang's own default is
-    on (tokenizer_control_mixin.py, SGLANG_PROFILE_WITH_STACK)."""
+    on (tokenizer_control_mixin.py, SGLANG_PROFILE_WITH_STACK).
+
+    `start_step` 1 opens the window at the next forward step (max(start_step, forward count + 1)), and it is what
+    makes a busy server say so: in profiler_manager.py's START_PROFILE branch, only a request with start_step (or
+    profile_by_stage) gets _init_profile's answer, which fails ("Profiling is already in progress", HTTP 500) while
+    another profile runs; without it that failure is dropped, the profile in progress is started again with its
+    own settings and the answer is 200, so the window's traces would never come and its /stop_profile would stop
+    the other client's profile (seen on a real SGLang 0.5.16 server)."""
     return {"activities": ["CPU", "GPU"], "num_steps": int(num_steps), "output_dir": output_dir,
-            "profile_id": profile_id, "with_stack": bool(with_stack), "record_shapes": False}
+            "profile_id": profile_id, "with_stack": bool(with_stack), "record_shapes": False, "start_step": 1}
 
 
 def trace_files(folder, profile_id: str) -> list:

@@ -31,7 +31,9 @@ matched on their first ``regexguard.MAX_MATCH_CHARS`` (4096) characters.
 Matching is deterministic, first match wins: user rules before shipped rules; within each, rules with an
 ``nvtx`` condition before plain rules; then by priority, file name and position in the file. Callers work
 out which ``nvtx`` patterns an enclosing NVTX range matches (``RuleSet.contexts_for``) and pass that set
-as ``contexts``; rules whose pattern is not in the set are skipped.
+as ``contexts``; rules whose pattern is not in the set are skipped. When the first matching rule is a shipped weak
+rule, or no rule matches, the kernel inventories (profattr/taxonomy/lookup.py: the kernels each library's source
+defines, by function identifier) decide if they know the kernel, as a strong rule with id ``inventory.LIBRARY``.
 """
 from __future__ import annotations
 
@@ -50,6 +52,7 @@ else:  # pragma: no cover - exercised on Python < 3.11 only
 from profattr.errors import ProfattrError
 from profattr.regexguard import capped, compile_user
 from profattr.taxonomy import contexts as ctxrules
+from profattr.taxonomy import lookup
 
 RULES_DIR = Path(__file__).with_name("rules")
 UNCLASSIFIED = "unclassified"
@@ -101,8 +104,11 @@ class Rule:
 class RuleSet:
     """Ordered rules plus the category table. ``match``/``classify`` answer per kernel name."""
 
-    def __init__(self, rules: Sequence[Rule], categories: dict[str, Category], context_rules: Sequence = ()):
+    def __init__(self, rules: Sequence[Rule], categories: dict[str, Category], context_rules: Sequence = (),
+                 inventory: Optional["lookup.Inventory"] = None):
         self.rules: tuple[Rule, ...] = tuple(rules)
+        self.inventory = inventory if inventory is not None else lookup.Inventory(())
+        self._inventory_rules: dict[str, Rule] = {}
         self.categories = dict(categories)
         self.context_rules = tuple(ctxrules.order(context_rules))
         self._plain = tuple(r for r in self.rules if r.nvtx is None)
@@ -176,8 +182,26 @@ class RuleSet:
         rule = self._first(capped(name or ""), ctx)
         if rule is None and short and short != name:
             rule = self._first(capped(short), ctx)
+        if rule is None or (rule.strength == "weak" and not rule.user):
+            rule = self.inventory_rule(name or "", short) or rule
         self._cache[key] = rule
         return rule
+
+    def inventory_rule(self, name: str, short: Optional[str] = None) -> Optional[Rule]:
+        """The kernel inventories' answer for ``name`` as a strong rule (id ``inventory.LIBRARY``), or None when the
+        inventories do not know its identifier, or give it several categories (lookup.Inventory.find)."""
+        entry = self.inventory.find(name, short)
+        if entry is None or entry.category not in self.categories:
+            return None
+        found = self._inventory_rules.get(entry.origin)
+        if found is None:
+            found = self._inventory_rules[entry.origin] = Rule(
+                id=f"inventory.{entry.library}", category=entry.category, pattern=re.escape(entry.identifier),
+                family=entry.family, source=f"{entry.library} {entry.version}: {entry.source}", evidence="source",
+                nvtx=None, priority=0, origin=f"inventory/{entry.origin}", strength="strong",
+                note="the kernel inventory: the library's source defines this kernel",
+                regex=re.compile(re.escape(entry.identifier)))
+        return found
 
     def classify(self, name: str, contexts: Iterable[str] = frozenset(), short: Optional[str] = None) -> str:
         """Category id of ``name``, or ``unclassified`` when no rule matches."""
@@ -210,8 +234,9 @@ class RuleSet:
         return None
 
 
-def load_rules(extra: Sequence[PathLike] = ()) -> RuleSet:
-    """Shipped rules plus the user files in ``extra`` (which take precedence) as one ordered RuleSet.
+def load_rules(extra: Sequence[PathLike] = (), inventory_exclude: Sequence[str] = ()) -> RuleSet:
+    """Shipped rules plus the user files in ``extra`` (which take precedence) as one ordered RuleSet, with the
+    shipped kernel inventories (less the libraries in ``inventory_exclude``) deciding what no certain rule does.
 
     Raises ProfattrError naming the file and line for a file that cannot be read, bad TOML, a bad regex,
     an unknown category or key, or a duplicate rule id.
@@ -249,7 +274,7 @@ def load_rules(extra: Sequence[PathLike] = ()) -> RuleSet:
             user_rules[rule.id] = rule
     shipped_rules = [r for r in shipped_tables if r.id not in user_rules]
     ordered = _order(list(user_rules.values())) + _order(shipped_rules)
-    return RuleSet(ordered, categories, context_rules)
+    return RuleSet(ordered, categories, context_rules, lookup.shipped(tuple(sorted(inventory_exclude))))
 
 
 # --- internals ---------------------------------------------------------------------------------------
