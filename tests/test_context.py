@@ -27,7 +27,7 @@ EAGER = "glm5/glm-triton-eager"
 INVENTORY_KEYS = ("name", "category", "family", "library", "version", "source")
 # family agreement of the shipped rules on each library's inventory (scripts/score-kernel-inventory), a little
 # under what they reach: a rule change that loses ground on a library fails here
-FAMILY_FLOOR = {"flashinfer": 0.80, "mamba": 0.95, "sglang": 0.53, "vllm": 0.57}
+FAMILY_FLOOR = {"flashinfer": 0.83, "mamba": 0.95, "sglang": 0.54, "vllm": 0.53}
 
 
 def run(*args):
