@@ -32,6 +32,7 @@ import math
 from typing import Any, Dict, Mapping, Optional
 
 from profattr.limits.gap import fit_precision_rows, floor_loads, row_of
+from profattr.limits import launch_model as lm
 from profattr.limits.hardware import HardwareSpec
 from profattr.limits.model import ModelSpec, tensor_category
 
@@ -69,6 +70,52 @@ def _row_efficiency(device: Mapping[str, Any], row: str, loads: Mapping[str, Map
     return nbytes / (ms * 1e-3) / bandwidth_bytes_per_s if ms > 0 and nbytes > 0 else 0.0
 
 
+def _bytes_per_param(spec: ModelSpec, dtype: str) -> float:
+    if dtype == "bf16":
+        return 2.0
+    quant = [g.bytes_per_param for g in spec.groups if g.category.startswith("gemm") and g.dtype != "bf16"]
+    return quant[0] if quant else 2.0
+
+
+def _launch_floor_us(kernels, loads_s) -> float:
+    """Median duration (us) of the source step's launches in categories that move no bytes: the GPU's launch floor."""
+    pts = sorted((float(s["mean_us"]), float(s["count_per_step"])) for k in kernels
+                 if not loads_s.get(row_of(str(k["category"]), loads_s), {}).get("bytes")
+                 for s in (k.get("shapes") or []))
+    half, seen = sum(c for _, c in pts) / 2, 0.0
+    for us, c in pts:
+        seen += c
+        if seen >= half:
+            return us
+    return 0.0
+
+
+def _matched_families(kernels, source: ModelSpec, sms: int, t0_us: float) -> Dict[str, Dict[str, Any]]:
+    """Per kernel name of a GEMM category whose grid a tile width explains: its groups, tile and roofs."""
+    layers = {l["name"]: l for l in lm.linear_layers(source)}
+    out: Dict[str, Dict[str, Any]] = {}
+    for k in kernels:
+        cat = str(k["category"])
+        if not (cat.startswith("gemm") or cat == "moe.gemm") or not k.get("shapes"):
+            continue
+        m = lm.match_shapes(cat, k["shapes"], list(layers.values()))
+        if not m:
+            continue
+        groups = []
+        for s, names in zip(k["shapes"], m["groups"]):
+            g = s["shape"]["grid"]
+            groups.append({"ctas": int(g[0]) * int(g[1]) * int(g[2]), "mean_us": float(s["mean_us"]),
+                           "names": names, "layers": [(layers[n]["count"], lm.weight_bytes(
+                               layers[n], _bytes_per_param(source, layers[n]["dtype"]))) for n in names]})
+        out[str(k["name"])] = {"tile": m["tile"], "groups": groups, **lm.fit_family(groups, sms, t0_us)}
+    pooled = sorted(f["bw_cta"] for f in out.values() if f["bw_cta"])
+    for f in out.values():
+        f["bw_cta_borrowed"] = not f["bw_cta"]
+        if not f["bw_cta"] and pooled:
+            f["bw_cta"] = pooled[len(pooled) // 2]
+    return out
+
+
 def project_device(device: Mapping[str, Any], gpu: Mapping[str, Any], source: ModelSpec, target: ModelSpec,
                    src_hw: HardwareSpec, dst_hw: HardwareSpec) -> Dict[str, Any]:
     """Per category: source ms, projected ms, and how (bytes ratio, bandwidth ratio, latency floors)."""
@@ -84,6 +131,11 @@ def project_device(device: Mapping[str, Any], gpu: Mapping[str, Any], source: Mo
     if source.dsa_runs and not target.dsa_runs:  # the target's engine runs dense MLA: no indexer kernels
         indexer = tensor_category("indexer_keys_read")
         kernels = [k for k in kernels if row_of(str(k["category"]), {indexer: {}}) != indexer]
+    sms_s = int(gpu.get("smCount") or (src_hw.sm_count.value if src_hw.sm_count else 132))
+    sms_t = int(dst_hw.sm_count.value) if dst_hw.sm_count else sms_s
+    t0_us = _launch_floor_us(kernels, loads_s)
+    families = _matched_families(kernels, source, sms_s, t0_us)
+    target_layers = {l["name"]: l for l in lm.linear_layers(target)}
     by_cat: Dict[str, Dict[str, Any]] = {}
     for k in kernels:
         cat = str(k["category"])
@@ -96,13 +148,34 @@ def project_device(device: Mapping[str, Any], gpu: Mapping[str, Any], source: Mo
         byte_ratio = (tgt_bytes / src_bytes) / ratio_n if src_bytes > 0 and not latency_bound else None
         shapes = k.get("shapes") or [{"count_per_step": k["count_per_step"], "mean_us": k["mean_us"],
                                       "ms_per_step": k["ms_per_step"]}]
-        t_fixed_us = min(float(s["mean_us"]) for s in shapes) * clock_ratio
+        t_fixed_us = min(t0_us, min(float(s["mean_us"]) for s in shapes)) * clock_ratio
+        fam = families.get(str(k["name"]))
         entry = by_cat.setdefault(cat, {"category": cat, "row": row if src_bytes > 0 else None,
                                         "source_efficiency": row_eff if src_bytes > 0 else None,
                                         "latency_bound": latency_bound,
                                         "source_ms": 0.0, "bandwidth_ms": 0.0, "projected_ms": 0.0,
                                         "launches_source": 0.0, "launches_target": 0.0, "at_latency_floor": 0.0,
-                                        "byte_ratio_per_launch": byte_ratio, "t_fixed_us": t_fixed_us})
+                                        "byte_ratio_per_launch": byte_ratio, "t_fixed_us": t_fixed_us,
+                                        "launch_model": {}})
+        if fam and all(n in target_layers for g in fam["groups"] for n in g["names"]):
+            entry["launch_model"][str(k["name"])] = {
+                "tile_n": fam["tile"], "t0_us": t_fixed_us, "bw_cta_bytes_per_s": fam["bw_cta"],
+                "bw_agg_bytes_per_s": fam["bw_agg"], "bw_cta_borrowed": fam["bw_cta_borrowed"]}
+            bw_cta = (fam["bw_cta"] or 0.0) / bw_ratio
+            bw_agg = (fam["bw_agg"] or 0.0) / bw_ratio
+            for s, g in zip(shapes, fam["groups"]):
+                n_s = float(s["count_per_step"])
+                entry["source_ms"] += n_s * float(s["mean_us"]) / 1e3
+                entry["launches_source"] += n_s
+                for name in g["names"]:
+                    lt = target_layers[name]
+                    w_t = lm.weight_bytes(lt, _bytes_per_param(target, lt["dtype"]))
+                    c_t = lm._ctas(lt, fam["tile"])
+                    d_t = lm.launch_us(w_t, c_t, sms_t, t_fixed_us, bw_cta, bw_agg)
+                    entry["bandwidth_ms"] += lt["count"] * w_t / dst_hw.memory_bandwidth_bytes_per_s.value * 1e3
+                    entry["projected_ms"] += lt["count"] * d_t / 1e3
+                    entry["launches_target"] += lt["count"]
+            continue
         for s in shapes:
             n_s = float(s["count_per_step"])
             n_t = n_s if abs(n_s - 1.0) < 1e-9 else n_s * ratio_n
@@ -110,8 +183,9 @@ def project_device(device: Mapping[str, Any], gpu: Mapping[str, Any], source: Mo
             if byte_ratio is None:
                 d_t = bw_part = d_s * clock_ratio
             else:
-                bw_part = d_s * byte_ratio * bw_ratio
-                d_t = max(t_fixed_us, bw_part)
+                # t = t0 + bytes / BW_eff: the launch floor stays, the part above it scales with the bytes
+                bw_part = max(d_s - t_fixed_us / clock_ratio, 0.0) * byte_ratio * bw_ratio
+                d_t = t_fixed_us + bw_part
                 if t_fixed_us >= bw_part:
                     entry["at_latency_floor"] += n_t
             entry["source_ms"] += n_s * d_s / 1e3

@@ -1,0 +1,137 @@
+"""Per-launch time of a GEMM kernel family on the target, from the launch shapes the source measured.
+
+A decode GEMM at batch 1 streams its weights; how fast depends on how many CTAs share the work. A kernel family
+whose grid is fixed by its tile width (SGLang's Triton block-FP8 GEMM and fused MoE on their default configs: one
+CTA per BLOCK_N output columns, per expert) is matched here to the model's linear layers (`linear_layers`): the
+tile width is the first power of two for which every one of its (at least two) launch shapes of the kernel is a set of layers with that CTA
+count and launch count. A matched launch of W weight bytes over c CTAs takes
+
+    t = t0 + max(W / c x waves x SMs / BW_cta, W / BW_agg)      waves = ceil(c / SMs)
+
+- t0: the GPU's launch floor, the median duration of the source step's launches of categories that move no bytes;
+- BW_cta (the per-CTA roof, as SMs x one CTA's streaming rate): from the family's launch shapes with at most a
+  quarter as many CTAs as SMs (they cannot be bound by DRAM), the median over them; a family with none borrows the
+  median of the other matched families on the device;
+- BW_agg (the family's DRAM roof): from its launch shape with the most bytes per launch.
+Everything is read from the source capture; the target's launches are the same layers at the target's per-rank
+shapes, on the same tile width (a kernel config the engine picks only at the target's shapes is not seen).
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Any, Dict, List, Mapping, Optional, Sequence
+
+from profattr.limits.model import ModelSpec
+
+TILE_WIDTHS = (16, 32, 64, 128, 256)
+PER_CTA_SHARE = 0.25
+MIN_SHAPES = 2  # one launch shape agreeing with one layer's CTA count is too weak a match to trust  # launches with at most this share of the SMs as CTAs give the per-CTA roof
+
+
+def linear_layers(spec: ModelSpec) -> List[Dict[str, Any]]:
+    """The decode step's weight GEMMs of an MLA model at the spec's per-rank shapes: name, n, k, launches per step,
+    experts (CTA groups per launch), dtype ("quant" for the checkpoint's format, "bf16" where the engine keeps it
+    unquantized). Empty for architectures not laid out here."""
+    cfg = spec.config or {}
+    if not cfg.get("kv_lora_rank") or not cfg.get("q_lora_rank"):
+        return []
+    tp, layers, hidden = spec.tp, spec.num_layers, int(cfg["hidden_size"])
+    heads = int(cfg["num_attention_heads"]) // tp
+    nope, rope, v = int(cfg["qk_nope_head_dim"]), int(cfg["qk_rope_head_dim"]), int(cfg["v_head_dim"])
+    q_lora, kv_lora = int(cfg["q_lora_rank"]), int(cfg["kv_lora_rank"])
+    dense = min(int(cfg.get("first_k_dense_replace", 0) or 0), layers)
+    moe = layers - dense if cfg.get("n_routed_experts") else 0
+    dense = layers - moe
+    out = [("attention.qkv_a", q_lora + kv_lora + rope, hidden, layers, 1, "quant"),
+           ("attention.q_b_proj", heads * (nope + rope), q_lora, layers, 1, "quant"),
+           ("attention.o_proj", hidden, heads * v, layers, 1, "quant")]
+    if cfg.get("index_n_heads"):
+        ih, idim = int(cfg["index_n_heads"]), int(cfg["index_head_dim"])
+        out += [("indexer.wq_b", ih * idim, q_lora, layers, 1, "quant"), ("indexer.wk", idim, hidden, layers, 1, "quant"),
+                ("indexer.weights_proj", ih, hidden, layers, 1, "bf16")]
+    inter = int(cfg.get("intermediate_size") or 0) // tp
+    if dense and inter:
+        out += [("dense_mlp.gate_up", 2 * inter, hidden, dense, 1, "quant"),
+                ("dense_mlp.down", hidden, inter, dense, 1, "quant")]
+    if moe:
+        mi = int(cfg["moe_intermediate_size"]) // tp
+        shared = int(cfg.get("n_shared_experts") or 0)
+        touched = min(int(cfg["n_routed_experts"]), int(cfg["num_experts_per_tok"]) * spec.batch)
+        if shared:
+            out += [("shared_experts.gate_up", 2 * mi * shared, hidden, moe, 1, "quant"),
+                    ("shared_experts.down", hidden, mi * shared, moe, 1, "quant")]
+        out += [("routed_experts.gate_up", 2 * mi, hidden, moe, touched, "quant"),
+                ("routed_experts.down", hidden, mi, moe, touched, "quant")]
+    return [{"name": n, "n": nn, "k": k, "count": c, "experts": e, "dtype": d} for n, nn, k, c, e, d in out]
+
+
+def _ctas(layer: Mapping[str, Any], tile: int) -> int:
+    return layer["experts"] * math.ceil(layer["n"] / tile)
+
+
+def _candidates(category: str, layers: Sequence[Mapping[str, Any]]) -> List[Mapping[str, Any]]:
+    if category.startswith("moe"):
+        return [l for l in layers if l["name"].startswith("routed_experts")]
+    want = "bf16" if category.endswith(".bf16") else "quant"
+    return [l for l in layers if not l["name"].startswith("routed_experts") and l["dtype"] == want]
+
+
+def match_shapes(category: str, shapes: Sequence[Mapping[str, Any]], layers: Sequence[Mapping[str, Any]]
+                 ) -> Optional[Dict[str, Any]]:
+    """{"tile": BLOCK_N, "groups": [[layer names] per shape]} when one tile width explains every launch shape of
+    the kernel as layers with that CTA count and launch count (each layer used once), else None."""
+    cands = _candidates(category, layers)
+    if not cands or len(shapes) < MIN_SHAPES:
+        return None
+    for tile in TILE_WIDTHS:
+        used: set = set()
+        groups = []
+        for s in shapes:
+            g = s["shape"]["grid"]
+            ctas = int(g[0]) * int(g[1]) * int(g[2])
+            pool = [l for l in cands if l["name"] not in used and _ctas(l, tile) == ctas]
+            pick = None
+            for r in range(1, len(pool) + 1):
+                for combo in itertools.combinations(pool, r):
+                    if abs(sum(l["count"] for l in combo) - float(s["count_per_step"])) < 1e-6:
+                        pick = combo
+                        break
+                if pick:
+                    break
+            if not pick:
+                break
+            used |= {l["name"] for l in pick}
+            groups.append([l["name"] for l in pick])
+        else:
+            return {"tile": tile, "groups": groups}
+    return None
+
+
+def weight_bytes(layer: Mapping[str, Any], bytes_per_param: float) -> float:
+    return layer["n"] * layer["k"] * layer["experts"] * bytes_per_param
+
+
+def launch_us(w_bytes: float, ctas: int, sms: int, t0_us: float, bw_cta: float, bw_agg: float) -> float:
+    """The model's time of one launch (us): latency floor plus the binding roof."""
+    waves = math.ceil(ctas / sms)
+    per_cta = w_bytes / ctas * waves * sms / bw_cta if bw_cta > 0 else 0.0
+    return t0_us + max(per_cta, w_bytes / bw_agg if bw_agg > 0 else 0.0) * 1e6
+
+
+def fit_family(groups: Sequence[Mapping[str, Any]], sms: int, t0_us: float) -> Dict[str, Optional[float]]:
+    """Roofs of one matched family from its source groups ({ctas, mean_us, count, layers: [(count, bytes)]})."""
+    per_cta = []
+    for g in groups:
+        n = sum(c for c, _ in g["layers"])
+        busy_s = (g["mean_us"] - t0_us) * 1e-6
+        if g["ctas"] <= PER_CTA_SHARE * sms and busy_s > 0:
+            cta_bytes = sum(c * w for c, w in g["layers"]) / n / g["ctas"] * math.ceil(g["ctas"] / sms)
+            per_cta.append(cta_bytes * sms / busy_s)
+    big = max(groups, key=lambda g: sum(c * w for c, w in g["layers"]) / sum(c for c, _ in g["layers"]))
+    n_big = sum(c for c, _ in big["layers"])
+    busy = (big["mean_us"] - t0_us) * 1e-6
+    bw_agg = sum(c * w for c, w in big["layers"]) / n_big / busy if busy > 0 else None
+    per_cta.sort()
+    bw_cta = per_cta[len(per_cta) // 2] if per_cta else None
+    return {"bw_cta": bw_cta, "bw_agg": bw_agg}
