@@ -63,17 +63,27 @@ def test_projection_to_itself_gives_the_measured_step(export_example):
 def test_tp1_projected_to_tp8_shapes_predicts_the_measured_slice(tp8, export_example):
     slice_path = export_example(SLICE)
     measured = expected_nvtx_like(slice_path, DECODE)[0]["step_ms"]
-    # the stated accuracy of this model on this pair (README): within 30% of the step
-    assert abs(tp8["predicted_ms_per_step"] / measured - 1) < 0.30, (tp8["predicted_ms_per_step"], measured)
+    # the stated accuracy of this model on this pair (README): within 15% of the step
+    assert abs(tp8["predicted_ms_per_step"] / measured - 1) < 0.15, (tp8["predicted_ms_per_step"], measured)
     assert tp8["target"]["model"]["tp"] == 8 and tp8["host"]["host_bound"]
     rows = {c["category"]: c for c in tp8["categories"]}
-    for category, where in CATEGORY_KERNELS.items():
+    # within 25% where the model holds; the two it misses (README says why) within the miss it states
+    bars = {"gemm.fp8": 0.25, "attention.decode": 0.25, "norm": 0.25, "moe.gemm": 0.40, "gemm.bf16": 0.30}
+    for category, bar in bars.items():
+        where = {**FP8DG_KERNELS, **CATEGORY_KERNELS}[category]
         want = _measured_ms_per_step(slice_path, where)
-        src = _measured_ms_per_step(export_example(SOURCE), where)
-        # the projection moves each large category from its TP1 time towards the slice's, never past it by 2.5x
-        assert want < src
-        assert rows[category]["projected_ms"] < src
-        assert rows[category]["projected_ms"] < 2.5 * want, (category, rows[category]["projected_ms"], want)
+        assert abs(rows[category]["projected_ms"] / want - 1) < bar, (category, rows[category]["projected_ms"], want)
+    # the Triton block-FP8 GEMM and the fused MoE are matched to the model's layers on a 128-column tile
+    assert rows["gemm.fp8"]["launch_model"]["_w8a8_block_fp8_matmul"]["tile_n"] == 128
+    assert rows["moe.gemm"]["launch_model"]["fused_moe_kernel"]["tile_n"] == 128
+
+
+def test_the_projection_reads_nothing_of_the_target_capture(export_example, tmp_path):
+    """The predicted side is a function of the source capture and its run.json only."""
+    src = export_example(SOURCE)
+    a = _project(src, "--to", "h200", "--tp", "8", "--interconnect", "none",
+                 "--run-json", str(EXAMPLES / f"{SOURCE}.run.json"))
+    assert SLICE.split("/")[1] not in json.dumps(a)
 
 
 def test_the_projection_to_8_rtx_pro_6000_at_78_layers_adds_collectives(export_example):

@@ -29,7 +29,7 @@ PER_CTA_SHARE = 0.25
 MIN_SHAPES = 2  # one launch shape agreeing with one layer's CTA count is too weak a match to trust  # launches with at most this share of the SMs as CTAs give the per-CTA roof
 
 
-def linear_layers(spec: ModelSpec) -> List[Dict[str, Any]]:
+def linear_layers(spec: ModelSpec, experts_touched: Optional[int] = None) -> List[Dict[str, Any]]:
     """The decode step's weight GEMMs of an MLA model at the spec's per-rank shapes: name, n, k, launches per step,
     experts (CTA groups per launch), dtype ("quant" for the checkpoint's format, "bf16" where the engine keeps it
     unquantized). Empty for architectures not laid out here."""
@@ -57,7 +57,8 @@ def linear_layers(spec: ModelSpec) -> List[Dict[str, Any]]:
     if moe:
         mi = int(cfg["moe_intermediate_size"]) // tp
         shared = int(cfg.get("n_shared_experts") or 0)
-        touched = min(int(cfg["n_routed_experts"]), int(cfg["num_experts_per_tok"]) * spec.batch)
+        # distinct experts a step's batch routes to: at most top_k x batch (dummy weights route every sequence alike)
+        touched = experts_touched or min(int(cfg["n_routed_experts"]), int(cfg["num_experts_per_tok"]) * spec.batch)
         if shared:
             out += [("shared_experts.gate_up", 2 * mi * shared, hidden, moe, 1, "quant"),
                     ("shared_experts.down", hidden, mi * shared, moe, 1, "quant")]

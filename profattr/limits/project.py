@@ -117,7 +117,7 @@ def _matched_families(kernels, source: ModelSpec, sms: int, t0_us: float) -> Dic
 
 
 def project_device(device: Mapping[str, Any], gpu: Mapping[str, Any], source: ModelSpec, target: ModelSpec,
-                   src_hw: HardwareSpec, dst_hw: HardwareSpec) -> Dict[str, Any]:
+                   src_hw: HardwareSpec, dst_hw: HardwareSpec, experts_touched: Optional[int] = None) -> Dict[str, Any]:
     """Per category: source ms, projected ms, and how (bytes ratio, bandwidth ratio, latency floors)."""
     bw_s = float(gpu.get("memoryBandwidth") or src_hw.memory_bandwidth_bytes_per_s.value)
     clock_s = float(gpu.get("clockRate") or (src_hw.clock_hz.value if src_hw.clock_hz else 0) or 0)
@@ -135,7 +135,7 @@ def project_device(device: Mapping[str, Any], gpu: Mapping[str, Any], source: Mo
     sms_t = int(dst_hw.sm_count.value) if dst_hw.sm_count else sms_s
     t0_us = _launch_floor_us(kernels, loads_s)
     families = _matched_families(kernels, source, sms_s, t0_us)
-    target_layers = {l["name"]: l for l in lm.linear_layers(target)}
+    target_layers = {l["name"]: l for l in lm.linear_layers(target, experts_touched)}
     by_cat: Dict[str, Dict[str, Any]] = {}
     for k in kernels:
         cat = str(k["category"])
@@ -163,18 +163,29 @@ def project_device(device: Mapping[str, Any], gpu: Mapping[str, Any], source: Mo
                 "bw_agg_bytes_per_s": fam["bw_agg"], "bw_cta_borrowed": fam["bw_cta_borrowed"]}
             bw_cta = (fam["bw_cta"] or 0.0) / bw_ratio
             bw_agg = (fam["bw_agg"] or 0.0) / bw_ratio
+            src_layers = {l["name"]: l for l in lm.linear_layers(source)}
+
+            def model_us(layer):
+                w = lm.weight_bytes(layer, _bytes_per_param(source, layer["dtype"]))
+                return lm.launch_us(w, lm._ctas(layer, fam["tile"]), sms_s, t_fixed_us / clock_ratio,
+                                    fam["bw_cta"] or 0.0, fam["bw_agg"] or 0.0)
+
             for s, g in zip(shapes, fam["groups"]):
                 n_s = float(s["count_per_step"])
-                entry["source_ms"] += n_s * float(s["mean_us"]) / 1e3
+                src_ms = n_s * float(s["mean_us"]) / 1e3
+                entry["source_ms"] += src_ms
                 entry["launches_source"] += n_s
+                # the model gives the change; the source's measured time of the group anchors it (same shapes: same)
+                model_src_ms = sum(src_layers[n]["count"] * model_us(src_layers[n]) for n in g["names"]) / 1e3
+                model_tgt_ms = 0.0
                 for name in g["names"]:
                     lt = target_layers[name]
                     w_t = lm.weight_bytes(lt, _bytes_per_param(target, lt["dtype"]))
                     c_t = lm._ctas(lt, fam["tile"])
-                    d_t = lm.launch_us(w_t, c_t, sms_t, t_fixed_us, bw_cta, bw_agg)
+                    model_tgt_ms += lt["count"] * lm.launch_us(w_t, c_t, sms_t, t_fixed_us, bw_cta, bw_agg) / 1e3
                     entry["bandwidth_ms"] += lt["count"] * w_t / dst_hw.memory_bandwidth_bytes_per_s.value * 1e3
-                    entry["projected_ms"] += lt["count"] * d_t / 1e3
                     entry["launches_target"] += lt["count"]
+                entry["projected_ms"] += src_ms * model_tgt_ms / model_src_ms if model_src_ms > 0 else model_tgt_ms
             continue
         for s in shapes:
             n_s = float(s["count_per_step"])
@@ -232,14 +243,16 @@ def collectives(target: ModelSpec, hw: HardwareSpec, interconnect: Optional[str]
 
 def project_budget(budget: Mapping[str, Any], source: ModelSpec, target: ModelSpec, src_hw: HardwareSpec,
                    dst_hw: HardwareSpec, host: Optional[Mapping[str, Any]], *, interconnect: Optional[str],
-                   allreduce: str = "oneshot", host_mode: str = "measured") -> Dict[str, Any]:
+                   allreduce: str = "oneshot", host_mode: str = "measured",
+                   experts_touched: Optional[int] = None) -> Dict[str, Any]:
     """`profattr.project/1`: the predicted ms per decode step on the target and every assumption."""
     devices = budget.get("devices") or []
     if not devices:
         from profattr.errors import ProfattrError
 
         raise ProfattrError("the capture's budget has no device with decode steps; project a decode capture")
-    projected = [project_device(d, _gpu(budget, d.get("device")), source, target, src_hw, dst_hw) for d in devices]
+    projected = [project_device(d, _gpu(budget, d.get("device")), source, target, src_hw, dst_hw, experts_touched)
+                 for d in devices]
     dev = max(projected, key=lambda p: p["gpu_ms"])  # the slowest rank sets the step
     comm = collectives(target, dst_hw, interconnect, allreduce)
     gpu_ms = dev["gpu_ms"]
