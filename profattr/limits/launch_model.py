@@ -3,18 +3,25 @@
 A decode GEMM at batch 1 streams its weights; how fast depends on how many CTAs share the work. A kernel family
 whose grid is fixed by its tile width (SGLang's Triton block-FP8 GEMM and fused MoE on their default configs: one
 CTA per BLOCK_N output columns, per expert) is matched here to the model's linear layers (`linear_layers`): the
-tile width is the first power of two for which every one of its (at least two) launch shapes of the kernel is a set of layers with that CTA
-count and launch count. A matched launch of W weight bytes over c CTAs takes
+tile width is the first power of two for which every one of the kernel's (at least two) launch shapes is a set of
+layers with that CTA count and launch count. A matched launch of W weight bytes over c CTAs takes
 
-    t = t0 + max(W / c x waves x SMs / BW_cta, W / BW_agg)      waves = ceil(c / SMs)
+    t = t0 + max(W / c x waves / r_cta, W / BW_agg)      waves = ceil(c / SMs)
 
 - t0: the GPU's launch floor, the median duration of the source step's launches of categories that move no bytes;
-- BW_cta (the per-CTA roof, as SMs x one CTA's streaming rate): from the family's launch shapes with at most a
+- r_cta (the per-CTA roof: one CTA's streaming rate, bytes/s): from the family's launch shapes with at most a
   quarter as many CTAs as SMs (they cannot be bound by DRAM), the median over them; a family with none borrows the
   median of the other matched families on the device;
 - BW_agg (the family's DRAM roof): from its launch shape with the most bytes per launch.
 Everything is read from the source capture; the target's launches are the same layers at the target's per-rank
 shapes, on the same tile width (a kernel config the engine picks only at the target's shapes is not seen).
+
+On another GPU (`target_roofs`): BW_agg scales with the DRAM bandwidth ratio (a launch that fills the GPU is bound
+by DRAM). r_cta scales with the SM clock ratio only. By Little's law one CTA's rate is the bytes it keeps in flight
+over the memory latency; the bytes in flight are the kernel's own (same code, same tile, same pipeline stages), and
+the latency is taken as the same number of SM cycles on both GPUs (no preset has a latency measured the same way on
+both): so r_cta x clock_target / clock_source. The DRAM bandwidth does not enter: a lone CTA is far from it (the
+H200's Triton block-FP8 GEMM streams about 27 GB/s per CTA against 4.8 TB/s).
 """
 from __future__ import annotations
 
@@ -25,8 +32,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 from profattr.limits.model import ModelSpec
 
 TILE_WIDTHS = (16, 32, 64, 128, 256)
-PER_CTA_SHARE = 0.25
-MIN_SHAPES = 2  # one launch shape agreeing with one layer's CTA count is too weak a match to trust  # launches with at most this share of the SMs as CTAs give the per-CTA roof
+PER_CTA_SHARE = 0.25  # launches with at most this share of the SMs as CTAs give the per-CTA roof
+MIN_SHAPES = 2  # one launch shape agreeing with one layer's CTA count is too weak a match to trust
 
 
 def linear_layers(spec: ModelSpec, experts_touched: Optional[int] = None) -> List[Dict[str, Any]]:
@@ -113,26 +120,35 @@ def weight_bytes(layer: Mapping[str, Any], bytes_per_param: float) -> float:
     return layer["n"] * layer["k"] * layer["experts"] * bytes_per_param
 
 
-def launch_us(w_bytes: float, ctas: int, sms: int, t0_us: float, bw_cta: float, bw_agg: float) -> float:
-    """The model's time of one launch (us): latency floor plus the binding roof."""
+def launch_us(w_bytes: float, ctas: int, sms: int, t0_us: float, rate_cta: float, bw_agg: float) -> float:
+    """The model's time of one launch (us): latency floor plus the binding roof (rate_cta: one CTA's bytes/s)."""
     waves = math.ceil(ctas / sms)
-    per_cta = w_bytes / ctas * waves * sms / bw_cta if bw_cta > 0 else 0.0
+    per_cta = w_bytes / ctas * waves / rate_cta if rate_cta > 0 else 0.0
     return t0_us + max(per_cta, w_bytes / bw_agg if bw_agg > 0 else 0.0) * 1e6
 
 
+def target_roofs(rate_cta: float, bw_agg: float, clock_source_hz: float, clock_target_hz: float,
+                 bw_source: float, bw_target: float) -> Dict[str, float]:
+    """The roofs on another GPU: one CTA's rate x the SM clock ratio (Little's law, latency in SM cycles equal),
+    the DRAM roof x the DRAM bandwidth ratio."""
+    clock = clock_target_hz / clock_source_hz if clock_source_hz > 0 and clock_target_hz > 0 else 1.0
+    return {"rate_cta": rate_cta * clock, "bw_agg": bw_agg * (bw_target / bw_source if bw_source > 0 else 1.0)}
+
+
 def fit_family(groups: Sequence[Mapping[str, Any]], sms: int, t0_us: float) -> Dict[str, Optional[float]]:
-    """Roofs of one matched family from its source groups ({ctas, mean_us, count, layers: [(count, bytes)]})."""
+    """Roofs of one matched family from its source groups ({ctas, mean_us, layers: [(count, bytes)]}): rate_cta
+    (one CTA's bytes/s) and bw_agg (bytes/s of the launch with the most bytes), None where no shape gives one."""
     per_cta = []
     for g in groups:
         n = sum(c for c, _ in g["layers"])
         busy_s = (g["mean_us"] - t0_us) * 1e-6
         if g["ctas"] <= PER_CTA_SHARE * sms and busy_s > 0:
             cta_bytes = sum(c * w for c, w in g["layers"]) / n / g["ctas"] * math.ceil(g["ctas"] / sms)
-            per_cta.append(cta_bytes * sms / busy_s)
+            per_cta.append(cta_bytes / busy_s)
     big = max(groups, key=lambda g: sum(c * w for c, w in g["layers"]) / sum(c for c, _ in g["layers"]))
     n_big = sum(c for c, _ in big["layers"])
     busy = (big["mean_us"] - t0_us) * 1e-6
     bw_agg = sum(c * w for c, w in big["layers"]) / n_big / busy if busy > 0 else None
     per_cta.sort()
-    bw_cta = per_cta[len(per_cta) // 2] if per_cta else None
-    return {"bw_cta": bw_cta, "bw_agg": bw_agg}
+    rate_cta = per_cta[len(per_cta) // 2] if per_cta else None
+    return {"rate_cta": rate_cta, "bw_agg": bw_agg}

@@ -108,11 +108,11 @@ def _matched_families(kernels, source: ModelSpec, sms: int, t0_us: float) -> Dic
                            "names": names, "layers": [(layers[n]["count"], lm.weight_bytes(
                                layers[n], _bytes_per_param(source, layers[n]["dtype"]))) for n in names]})
         out[str(k["name"])] = {"tile": m["tile"], "groups": groups, **lm.fit_family(groups, sms, t0_us)}
-    pooled = sorted(f["bw_cta"] for f in out.values() if f["bw_cta"])
+    pooled = sorted(f["rate_cta"] for f in out.values() if f["rate_cta"])
     for f in out.values():
-        f["bw_cta_borrowed"] = not f["bw_cta"]
-        if not f["bw_cta"] and pooled:
-            f["bw_cta"] = pooled[len(pooled) // 2]
+        f["rate_cta_borrowed"] = not f["rate_cta"]
+        if not f["rate_cta"] and pooled:
+            f["rate_cta"] = pooled[len(pooled) // 2]
     return out
 
 
@@ -158,17 +158,18 @@ def project_device(device: Mapping[str, Any], gpu: Mapping[str, Any], source: Mo
                                         "byte_ratio_per_launch": byte_ratio, "t_fixed_us": t_fixed_us,
                                         "launch_model": {}})
         if fam and all(n in target_layers for g in fam["groups"] for n in g["names"]):
+            roofs = lm.target_roofs(fam["rate_cta"] or 0.0, fam["bw_agg"] or 0.0, clock_s, clock_t, bw_s,
+                                    dst_hw.memory_bandwidth_bytes_per_s.value)
             entry["launch_model"][str(k["name"])] = {
-                "tile_n": fam["tile"], "t0_us": t_fixed_us, "bw_cta_bytes_per_s": fam["bw_cta"],
-                "bw_agg_bytes_per_s": fam["bw_agg"], "bw_cta_borrowed": fam["bw_cta_borrowed"]}
-            bw_cta = (fam["bw_cta"] or 0.0) / bw_ratio
-            bw_agg = (fam["bw_agg"] or 0.0) / bw_ratio
+                "tile_n": fam["tile"], "t0_us": t_fixed_us, "rate_cta_bytes_per_s": fam["rate_cta"],
+                "rate_cta_borrowed": fam["rate_cta_borrowed"], "bw_agg_bytes_per_s": fam["bw_agg"],
+                "target_rate_cta_bytes_per_s": roofs["rate_cta"], "target_bw_agg_bytes_per_s": roofs["bw_agg"]}
             src_layers = {l["name"]: l for l in lm.linear_layers(source)}
 
             def model_us(layer):
                 w = lm.weight_bytes(layer, _bytes_per_param(source, layer["dtype"]))
                 return lm.launch_us(w, lm._ctas(layer, fam["tile"]), sms_s, t_fixed_us / clock_ratio,
-                                    fam["bw_cta"] or 0.0, fam["bw_agg"] or 0.0)
+                                    fam["rate_cta"] or 0.0, fam["bw_agg"] or 0.0)
 
             for s, g in zip(shapes, fam["groups"]):
                 n_s = float(s["count_per_step"])
@@ -182,7 +183,8 @@ def project_device(device: Mapping[str, Any], gpu: Mapping[str, Any], source: Mo
                     lt = target_layers[name]
                     w_t = lm.weight_bytes(lt, _bytes_per_param(target, lt["dtype"]))
                     c_t = lm._ctas(lt, fam["tile"])
-                    model_tgt_ms += lt["count"] * lm.launch_us(w_t, c_t, sms_t, t_fixed_us, bw_cta, bw_agg) / 1e3
+                    model_tgt_ms += lt["count"] * lm.launch_us(w_t, c_t, sms_t, t_fixed_us, roofs["rate_cta"],
+                                                                 roofs["bw_agg"]) / 1e3
                     entry["bandwidth_ms"] += lt["count"] * w_t / dst_hw.memory_bandwidth_bytes_per_s.value * 1e3
                     entry["launches_target"] += lt["count"]
                 entry["projected_ms"] += src_ms * model_tgt_ms / model_src_ms if model_src_ms > 0 else model_tgt_ms
@@ -226,7 +228,39 @@ def project_device(device: Mapping[str, Any], gpu: Mapping[str, Any], source: Mo
             "source_step_ms": float(device.get("step_ms", 0.0)),
             "source_mean_step_ms": float(device.get("mean_step_ms", 0.0)),
             "source_busy_ms": float(device.get("busy_ms_per_step", 0.0)),
-            "source_idle_ms": float(device.get("idle_ms_per_step", 0.0))}
+            "source_idle_ms": float(device.get("idle_ms_per_step", 0.0)),
+            "launch_floor_us": t0_us, "sm_count_source": sms_s, "sm_count_target": sms_t,
+            "experts_touched": experts_touched}
+
+
+def _launch_model_assumptions(dev: Mapping[str, Any]) -> list:
+    """The launch model's assumptions, with the roofs it learned from the source for each matched kernel family."""
+    out = [f"launch floor t0 = {dev['launch_floor_us']:.2f} us on the source: the median launch of its categories "
+           "that move no bytes; x SM clock source/target on the target"]
+    families = [(r["category"], name, f) for r in dev["categories"] for name, f in (r.get("launch_model") or {}).items()]
+    if not families:
+        return out + ["no GEMM kernel family's grid is explained by a tile width over the model's linear layers: "
+                      "no launch model (every GEMM shape scales as a byte row)"]
+    out.append("GEMM kernels whose every launch shape a tile width explains (one CTA per tile_n output columns, per "
+               "expert) are matched to the model's linear layers and timed as t = t0 + max(W / c x ceil(c / SMs) / "
+               "r_cta, W / BW_agg) (W weight bytes, c CTAs; SMs source "
+               f"{dev['sm_count_source']}, target {dev['sm_count_target']}); r_cta = one CTA's streaming rate, the "
+               "median over the family's source shapes with at most a quarter as many CTAs as SMs (a family with "
+               "none borrows the median of the others); BW_agg = the family's rate on its source shape with the most "
+               "bytes; the model's time target / source scales each measured launch group (same shapes: the source "
+               "back); a kernel config the engine picks only at the target's shapes is not seen")
+    out.append("on another GPU: r_cta x SM clock target/source (Little's law: the bytes one CTA keeps in flight are "
+               "the kernel's own, the memory latency is taken as the same number of SM cycles on both GPUs; DRAM "
+               "bandwidth does not set one CTA's rate); BW_agg x DRAM bandwidth target/source")
+    for cat, name, f in families:
+        borrowed = " (borrowed)" if f.get("rate_cta_borrowed") else ""
+        out.append(f"{name} ({cat}): tile_n {f['tile_n']}, r_cta {(f['rate_cta_bytes_per_s'] or 0) / 1e9:.1f} GB/s "
+                   f"per CTA{borrowed} -> {(f['target_rate_cta_bytes_per_s'] or 0) / 1e9:.1f} on the target, BW_agg "
+                   f"{(f['bw_agg_bytes_per_s'] or 0) / 1e9:.0f} GB/s -> {(f['target_bw_agg_bytes_per_s'] or 0) / 1e9:.0f}")
+    if dev.get("experts_touched"):
+        out.append(f"routed experts touched per step: {dev['experts_touched']} (top_k): the source ran dummy weights "
+                   "(--load-format dummy), which route every sequence of a batch to the same experts")
+    return out
 
 
 def collectives(target: ModelSpec, hw: HardwareSpec, interconnect: Optional[str], impl: str) -> Dict[str, Any]:
@@ -278,8 +312,10 @@ def project_budget(budget: Mapping[str, Any], source: ModelSpec, target: ModelSp
                       "ms": host_ms})
     band = None  # set by the caller from the projections of replicate captures
     assumptions = [
-        "per launch shape: t = max(t_fixed, d_source x byte ratio per launch x BW_source / BW_target); t_fixed = the "
-        "kernel name's shortest mean duration over its launch shapes in the source, x SM clock source/target",
+        *_launch_model_assumptions(dev),
+        "other launch shapes of a row that moves bytes: t = t_fixed + (d_source - t_fixed) x byte ratio per launch x "
+        "BW_source / BW_target; t_fixed = the smaller of the GPU's launch floor t0 and the kernel's shortest mean "
+        "duration over its launch shapes in the source, x SM clock source/target",
         "byte ratio per launch: floor-row bytes on the target / on the source (profattr gap's rows), over the "
         "launch-count ratio; every shape of a row scales alike (replicated and sharded weights of one row mixed)",
         "categories without a bytes floor, and rows whose bytes explain under "
