@@ -22,6 +22,10 @@ over the memory latency; the bytes in flight are the kernel's own (same code, sa
 the latency is taken as the same number of SM cycles on both GPUs (no preset has a latency measured the same way on
 both): so r_cta x clock_target / clock_source. The DRAM bandwidth does not enter: a lone CTA is far from it (the
 H200's Triton block-FP8 GEMM streams about 27 GB/s per CTA against 4.8 TB/s).
+
+Where the engine runs the kernel with another config at the target's key than at the source's (`target_config`,
+from specs/engine_configs.toml: a tuned config the engine ships for that key), the target's launches take that
+config's tile width and r_cta scales with its weight bytes in flight, (num_stages - 1) x BLOCK_N x BLOCK_K.
 """
 from __future__ import annotations
 
@@ -30,6 +34,7 @@ import math
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from profattr.limits.model import ModelSpec
+from profattr.limits.specs import load_toml
 
 TILE_WIDTHS = (16, 32, 64, 128, 256)
 PER_CTA_SHARE = 0.25  # launches with at most this share of the SMs as CTAs give the per-CTA roof
@@ -114,6 +119,37 @@ def match_shapes(category: str, shapes: Sequence[Mapping[str, Any]], layers: Seq
         else:
             return {"tile": tile, "groups": groups}
     return None
+
+
+def _engine_config(kernel: str, spec: ModelSpec, hardware: str, engine: str) -> Optional[Dict[str, Any]]:
+    """The config the engine runs `kernel` with at the spec's per-rank shapes on `hardware` (engine_configs.toml):
+    {block_n, block_k, num_stages, tuned, source}; None where the table knows nothing of the kernel."""
+    table = (load_toml("engine_configs.toml").get(engine) or {}).get(kernel)
+    cfg = spec.config or {}
+    block = ((cfg.get("quantization_config") or {}).get("weight_block_size"))
+    if not table or not block or (cfg.get("quantization_config") or {}).get("quant_method") != "fp8":
+        return None
+    n = int(cfg.get("moe_intermediate_size") or 0) // spec.tp
+    for entry in table.get("tuned", []):
+        if (entry["hardware"], entry["experts"], entry["n"], list(entry["block_shape"])) == (
+                hardware, int(cfg.get("n_routed_experts") or 0), n, list(block)):
+            key = min(entry["configs"], key=lambda m: abs(int(m) - spec.batch))
+            bn, bk, stages = entry["configs"][key]
+            return {"block_n": bn, "block_k": bk, "num_stages": stages, "tuned": True, "source": entry["source"]}
+    default = table["default"]
+    return {"block_n": block[0], "block_k": block[1], "num_stages": default["num_stages"], "tuned": False,
+            "source": default["source"]}
+
+
+def target_config(kernel: str, source: ModelSpec, target: ModelSpec, src_hw: str, dst_hw: str,
+                  engine: str = "sglang") -> Optional[Dict[str, Any]]:
+    """The target's tile width and the change of one CTA's weight bytes in flight where the engine runs the kernel
+    with another config at the target's key than at the source's: {tile_n, inflight_ratio, source}; else None."""
+    s, t = _engine_config(kernel, source, src_hw, engine), _engine_config(kernel, target, dst_hw, engine)
+    if not s or not t or all(s[k] == t[k] for k in ("block_n", "block_k", "num_stages")):
+        return None
+    inflight = {k: (c["num_stages"] - 1) * c["block_n"] * c["block_k"] for k, c in (("s", s), ("t", t))}
+    return {"tile_n": t["block_n"], "inflight_ratio": inflight["t"] / inflight["s"], "source": t["source"]}
 
 
 def weight_bytes(layer: Mapping[str, Any], bytes_per_param: float) -> float:

@@ -160,8 +160,15 @@ def project_device(device: Mapping[str, Any], gpu: Mapping[str, Any], source: Mo
         if fam and all(n in target_layers for g in fam["groups"] for n in g["names"]):
             roofs = lm.target_roofs(fam["rate_cta"] or 0.0, fam["bw_agg"] or 0.0, clock_s, clock_t, bw_s,
                                     dst_hw.memory_bandwidth_bytes_per_s.value)
+            # a config the engine ships for the target's key: its tile, and one CTA's rate x its bytes in flight
+            tuned = lm.target_config(str(k["name"]), source, target, src_hw.id, dst_hw.id,
+                                     (source.derive_args or {}).get("engine", "sglang"))
+            tile_t = tuned["tile_n"] if tuned else fam["tile"]
+            if tuned:
+                roofs["rate_cta"] *= tuned["inflight_ratio"]
             entry["launch_model"][str(k["name"])] = {
-                "tile_n": fam["tile"], "t0_us": t_fixed_us, "rate_cta_bytes_per_s": fam["rate_cta"],
+                "tile_n": fam["tile"], "target_tile_n": tile_t, "target_config_source": tuned and tuned["source"],
+                "t0_us": t_fixed_us, "rate_cta_bytes_per_s": fam["rate_cta"],
                 "rate_cta_borrowed": fam["rate_cta_borrowed"], "bw_agg_bytes_per_s": fam["bw_agg"],
                 "target_rate_cta_bytes_per_s": roofs["rate_cta"], "target_bw_agg_bytes_per_s": roofs["bw_agg"]}
             src_layers = {l["name"]: l for l in lm.linear_layers(source)}
@@ -182,7 +189,7 @@ def project_device(device: Mapping[str, Any], gpu: Mapping[str, Any], source: Mo
                 for name in g["names"]:
                     lt = target_layers[name]
                     w_t = lm.weight_bytes(lt, _bytes_per_param(target, lt["dtype"]))
-                    c_t = lm._ctas(lt, fam["tile"])
+                    c_t = lm._ctas(lt, tile_t)
                     model_tgt_ms += lt["count"] * lm.launch_us(w_t, c_t, sms_t, t_fixed_us, roofs["rate_cta"],
                                                                  roofs["bw_agg"]) / 1e3
                     entry["bandwidth_ms"] += lt["count"] * w_t / dst_hw.memory_bandwidth_bytes_per_s.value * 1e3
@@ -254,7 +261,9 @@ def _launch_model_assumptions(dev: Mapping[str, Any]) -> list:
                "bandwidth does not set one CTA's rate); BW_agg x DRAM bandwidth target/source")
     for cat, name, f in families:
         borrowed = " (borrowed)" if f.get("rate_cta_borrowed") else ""
-        out.append(f"{name} ({cat}): tile_n {f['tile_n']}, r_cta {(f['rate_cta_bytes_per_s'] or 0) / 1e9:.1f} GB/s "
+        tile = f"tile_n {f['tile_n']}" + (f" -> {f['target_tile_n']} on the target ({f['target_config_source']})"
+                                          if f.get("target_tile_n") != f["tile_n"] else "")
+        out.append(f"{name} ({cat}): {tile}, r_cta {(f['rate_cta_bytes_per_s'] or 0) / 1e9:.1f} GB/s "
                    f"per CTA{borrowed} -> {(f['target_rate_cta_bytes_per_s'] or 0) / 1e9:.1f} on the target, BW_agg "
                    f"{(f['bw_agg_bytes_per_s'] or 0) / 1e9:.0f} GB/s -> {(f['target_bw_agg_bytes_per_s'] or 0) / 1e9:.0f}")
     if dev.get("experts_touched"):
