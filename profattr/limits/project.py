@@ -8,10 +8,13 @@ The model, per launch shape of every kernel in the source (the budget's shape ro
 - bytes: a launch of a category whose floor row moves bytes (specs/category_floors.toml) moves, on the target, its
   source bytes times the row's per-launch byte ratio: (row bytes on the target / row bytes on the source) /
   (launches on the target / launches on the source); rows are the same floor rows `profattr gap` uses (floor.py);
-- time: t = max(t_fixed, d_source * byte_ratio * BW_source / BW_target): the source's own duration carries the
-  efficiency that kernel reached (achieved bytes/s over the source's bandwidth) to the target's bandwidth;
-  t_fixed, the latency floor of the kernel's family, is the shortest mean duration of any launch shape of that
-  kernel name in the source, scaled by the SM clock ratio (source / target);
+- GEMM kernels whose launch grids a tile width explains over the model's linear layers: the launch model of
+  limits/launch_model.py (t = t0 + max(W / c x waves / r_cta, W / BW_agg), roofs learned from the source's shapes,
+  moved to the target GPU by the SM clock ratio and the DRAM bandwidth ratio; a tuned config the engine ships for
+  the target's key sets the target's tile), anchored by each measured launch group of the source;
+- other launches of a byte row: t = t_fixed + (d_source - t_fixed) x byte_ratio x BW_source / BW_target, t_fixed
+  the smaller of the GPU's launch floor t0 (the median launch of the source's byte-free categories) and the kernel
+  name's shortest mean duration over its launch shapes, x the SM clock ratio (source / target);
 - categories with no bytes floor (elementwise, quantization, rope, ...), and rows whose bytes at the source's
   bandwidth explain under 5% of their source time (latency-bound), keep their source duration per launch, scaled
   by the clock ratio;
