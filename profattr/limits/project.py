@@ -8,10 +8,13 @@ The model, per launch shape of every kernel in the source (the budget's shape ro
 - bytes: a launch of a category whose floor row moves bytes (specs/category_floors.toml) moves, on the target, its
   source bytes times the row's per-launch byte ratio: (row bytes on the target / row bytes on the source) /
   (launches on the target / launches on the source); rows are the same floor rows `profattr gap` uses (floor.py);
-- time: t = max(t_fixed, d_source * byte_ratio * BW_source / BW_target): the source's own duration carries the
-  efficiency that kernel reached (achieved bytes/s over the source's bandwidth) to the target's bandwidth;
-  t_fixed, the latency floor of the kernel's family, is the shortest mean duration of any launch shape of that
-  kernel name in the source, scaled by the SM clock ratio (source / target);
+- GEMM kernels whose launch grids a tile width explains over the model's linear layers: the launch model of
+  limits/launch_model.py (t = t0 + max(W / c x waves / r_cta, W / BW_agg), roofs learned from the source's shapes,
+  moved to the target GPU by the SM clock ratio and the DRAM bandwidth ratio; a tuned config the engine ships for
+  the target's key sets the target's tile), anchored by each measured launch group of the source;
+- other launches of a byte row: t = t_fixed + (d_source - t_fixed) x byte_ratio x BW_source / BW_target, t_fixed
+  the smaller of the GPU's launch floor t0 (the median launch of the source's byte-free categories) and the kernel
+  name's shortest mean duration over its launch shapes, x the SM clock ratio (source / target);
 - categories with no bytes floor (elementwise, quantization, rope, ...), and rows whose bytes at the source's
   bandwidth explain under 5% of their source time (latency-bound), keep their source duration per launch, scaled
   by the clock ratio;
@@ -32,6 +35,7 @@ import math
 from typing import Any, Dict, Mapping, Optional
 
 from profattr.limits.gap import fit_precision_rows, floor_loads, row_of
+from profattr.limits import launch_model as lm
 from profattr.limits.hardware import HardwareSpec
 from profattr.limits.model import ModelSpec, tensor_category
 
@@ -69,8 +73,54 @@ def _row_efficiency(device: Mapping[str, Any], row: str, loads: Mapping[str, Map
     return nbytes / (ms * 1e-3) / bandwidth_bytes_per_s if ms > 0 and nbytes > 0 else 0.0
 
 
+def _bytes_per_param(spec: ModelSpec, dtype: str) -> float:
+    if dtype == "bf16":
+        return 2.0
+    quant = [g.bytes_per_param for g in spec.groups if g.category.startswith("gemm") and g.dtype != "bf16"]
+    return quant[0] if quant else 2.0
+
+
+def _launch_floor_us(kernels, loads_s) -> float:
+    """Median duration (us) of the source step's launches in categories that move no bytes: the GPU's launch floor."""
+    pts = sorted((float(s["mean_us"]), float(s["count_per_step"])) for k in kernels
+                 if not loads_s.get(row_of(str(k["category"]), loads_s), {}).get("bytes")
+                 for s in (k.get("shapes") or []))
+    half, seen = sum(c for _, c in pts) / 2, 0.0
+    for us, c in pts:
+        seen += c
+        if seen >= half:
+            return us
+    return 0.0
+
+
+def _matched_families(kernels, source: ModelSpec, sms: int, t0_us: float) -> Dict[str, Dict[str, Any]]:
+    """Per kernel name of a GEMM category whose grid a tile width explains: its groups, tile and roofs."""
+    layers = {l["name"]: l for l in lm.linear_layers(source)}
+    out: Dict[str, Dict[str, Any]] = {}
+    for k in kernels:
+        cat = str(k["category"])
+        if not (cat.startswith("gemm") or cat == "moe.gemm") or not k.get("shapes"):
+            continue
+        m = lm.match_shapes(cat, k["shapes"], list(layers.values()))
+        if not m:
+            continue
+        groups = []
+        for s, names in zip(k["shapes"], m["groups"]):
+            g = s["shape"]["grid"]
+            groups.append({"ctas": int(g[0]) * int(g[1]) * int(g[2]), "mean_us": float(s["mean_us"]),
+                           "names": names, "layers": [(layers[n]["count"], lm.weight_bytes(
+                               layers[n], _bytes_per_param(source, layers[n]["dtype"]))) for n in names]})
+        out[str(k["name"])] = {"tile": m["tile"], "groups": groups, **lm.fit_family(groups, sms, t0_us)}
+    pooled = sorted(f["rate_cta"] for f in out.values() if f["rate_cta"])
+    for f in out.values():
+        f["rate_cta_borrowed"] = not f["rate_cta"]
+        if not f["rate_cta"] and pooled:
+            f["rate_cta"] = pooled[len(pooled) // 2]
+    return out
+
+
 def project_device(device: Mapping[str, Any], gpu: Mapping[str, Any], source: ModelSpec, target: ModelSpec,
-                   src_hw: HardwareSpec, dst_hw: HardwareSpec) -> Dict[str, Any]:
+                   src_hw: HardwareSpec, dst_hw: HardwareSpec, experts_touched: Optional[int] = None) -> Dict[str, Any]:
     """Per category: source ms, projected ms, and how (bytes ratio, bandwidth ratio, latency floors)."""
     bw_s = float(gpu.get("memoryBandwidth") or src_hw.memory_bandwidth_bytes_per_s.value)
     clock_s = float(gpu.get("clockRate") or (src_hw.clock_hz.value if src_hw.clock_hz else 0) or 0)
@@ -84,6 +134,11 @@ def project_device(device: Mapping[str, Any], gpu: Mapping[str, Any], source: Mo
     if source.dsa_runs and not target.dsa_runs:  # the target's engine runs dense MLA: no indexer kernels
         indexer = tensor_category("indexer_keys_read")
         kernels = [k for k in kernels if row_of(str(k["category"]), {indexer: {}}) != indexer]
+    sms_s = int(gpu.get("smCount") or (src_hw.sm_count.value if src_hw.sm_count else 132))
+    sms_t = int(dst_hw.sm_count.value) if dst_hw.sm_count else sms_s
+    t0_us = _launch_floor_us(kernels, loads_s)
+    families = _matched_families(kernels, source, sms_s, t0_us)
+    target_layers = {l["name"]: l for l in lm.linear_layers(target, experts_touched)}
     by_cat: Dict[str, Dict[str, Any]] = {}
     for k in kernels:
         cat = str(k["category"])
@@ -96,13 +151,54 @@ def project_device(device: Mapping[str, Any], gpu: Mapping[str, Any], source: Mo
         byte_ratio = (tgt_bytes / src_bytes) / ratio_n if src_bytes > 0 and not latency_bound else None
         shapes = k.get("shapes") or [{"count_per_step": k["count_per_step"], "mean_us": k["mean_us"],
                                       "ms_per_step": k["ms_per_step"]}]
-        t_fixed_us = min(float(s["mean_us"]) for s in shapes) * clock_ratio
+        t_fixed_us = min(t0_us, min(float(s["mean_us"]) for s in shapes)) * clock_ratio
+        fam = families.get(str(k["name"]))
         entry = by_cat.setdefault(cat, {"category": cat, "row": row if src_bytes > 0 else None,
                                         "source_efficiency": row_eff if src_bytes > 0 else None,
                                         "latency_bound": latency_bound,
                                         "source_ms": 0.0, "bandwidth_ms": 0.0, "projected_ms": 0.0,
                                         "launches_source": 0.0, "launches_target": 0.0, "at_latency_floor": 0.0,
-                                        "byte_ratio_per_launch": byte_ratio, "t_fixed_us": t_fixed_us})
+                                        "byte_ratio_per_launch": byte_ratio, "t_fixed_us": t_fixed_us,
+                                        "launch_model": {}})
+        if fam and all(n in target_layers for g in fam["groups"] for n in g["names"]):
+            roofs = lm.target_roofs(fam["rate_cta"] or 0.0, fam["bw_agg"] or 0.0, clock_s, clock_t, bw_s,
+                                    dst_hw.memory_bandwidth_bytes_per_s.value)
+            # a config the engine ships for the target's key: its tile, and one CTA's rate x its bytes in flight
+            tuned = lm.target_config(str(k["name"]), source, target, src_hw.id, dst_hw.id,
+                                     (source.derive_args or {}).get("engine", "sglang"))
+            tile_t = tuned["tile_n"] if tuned else fam["tile"]
+            if tuned:
+                roofs["rate_cta"] *= tuned["inflight_ratio"]
+            entry["launch_model"][str(k["name"])] = {
+                "tile_n": fam["tile"], "target_tile_n": tile_t, "target_config_source": tuned and tuned["source"],
+                "t0_us": t_fixed_us, "rate_cta_bytes_per_s": fam["rate_cta"],
+                "rate_cta_borrowed": fam["rate_cta_borrowed"], "bw_agg_bytes_per_s": fam["bw_agg"],
+                "target_rate_cta_bytes_per_s": roofs["rate_cta"], "target_bw_agg_bytes_per_s": roofs["bw_agg"]}
+            src_layers = {l["name"]: l for l in lm.linear_layers(source)}
+
+            def model_us(layer):
+                w = lm.weight_bytes(layer, _bytes_per_param(source, layer["dtype"]))
+                return lm.launch_us(w, lm._ctas(layer, fam["tile"]), sms_s, t_fixed_us / clock_ratio,
+                                    fam["rate_cta"] or 0.0, fam["bw_agg"] or 0.0)
+
+            for s, g in zip(shapes, fam["groups"]):
+                n_s = float(s["count_per_step"])
+                src_ms = n_s * float(s["mean_us"]) / 1e3
+                entry["source_ms"] += src_ms
+                entry["launches_source"] += n_s
+                # the model gives the change; the source's measured time of the group anchors it (same shapes: same)
+                model_src_ms = sum(src_layers[n]["count"] * model_us(src_layers[n]) for n in g["names"]) / 1e3
+                model_tgt_ms = 0.0
+                for name in g["names"]:
+                    lt = target_layers[name]
+                    w_t = lm.weight_bytes(lt, _bytes_per_param(target, lt["dtype"]))
+                    c_t = lm._ctas(lt, tile_t)
+                    model_tgt_ms += lt["count"] * lm.launch_us(w_t, c_t, sms_t, t_fixed_us, roofs["rate_cta"],
+                                                                 roofs["bw_agg"]) / 1e3
+                    entry["bandwidth_ms"] += lt["count"] * w_t / dst_hw.memory_bandwidth_bytes_per_s.value * 1e3
+                    entry["launches_target"] += lt["count"]
+                entry["projected_ms"] += src_ms * model_tgt_ms / model_src_ms if model_src_ms > 0 else model_tgt_ms
+            continue
         for s in shapes:
             n_s = float(s["count_per_step"])
             n_t = n_s if abs(n_s - 1.0) < 1e-9 else n_s * ratio_n
@@ -110,8 +206,9 @@ def project_device(device: Mapping[str, Any], gpu: Mapping[str, Any], source: Mo
             if byte_ratio is None:
                 d_t = bw_part = d_s * clock_ratio
             else:
-                bw_part = d_s * byte_ratio * bw_ratio
-                d_t = max(t_fixed_us, bw_part)
+                # t = t0 + bytes / BW_eff: the launch floor stays, the part above it scales with the bytes
+                bw_part = max(d_s - t_fixed_us / clock_ratio, 0.0) * byte_ratio * bw_ratio
+                d_t = t_fixed_us + bw_part
                 if t_fixed_us >= bw_part:
                     entry["at_latency_floor"] += n_t
             entry["source_ms"] += n_s * d_s / 1e3
@@ -141,7 +238,41 @@ def project_device(device: Mapping[str, Any], gpu: Mapping[str, Any], source: Mo
             "source_step_ms": float(device.get("step_ms", 0.0)),
             "source_mean_step_ms": float(device.get("mean_step_ms", 0.0)),
             "source_busy_ms": float(device.get("busy_ms_per_step", 0.0)),
-            "source_idle_ms": float(device.get("idle_ms_per_step", 0.0))}
+            "source_idle_ms": float(device.get("idle_ms_per_step", 0.0)),
+            "launch_floor_us": t0_us, "sm_count_source": sms_s, "sm_count_target": sms_t,
+            "experts_touched": experts_touched}
+
+
+def _launch_model_assumptions(dev: Mapping[str, Any]) -> list:
+    """The launch model's assumptions, with the roofs it learned from the source for each matched kernel family."""
+    out = [f"launch floor t0 = {dev['launch_floor_us']:.2f} us on the source: the median launch of its categories "
+           "that move no bytes; x SM clock source/target on the target"]
+    families = [(r["category"], name, f) for r in dev["categories"] for name, f in (r.get("launch_model") or {}).items()]
+    if not families:
+        return out + ["no GEMM kernel family's grid is explained by a tile width over the model's linear layers: "
+                      "no launch model (every GEMM shape scales as a byte row)"]
+    out.append("GEMM kernels whose every launch shape a tile width explains (one CTA per tile_n output columns, per "
+               "expert) are matched to the model's linear layers and timed as t = t0 + max(W / c x ceil(c / SMs) / "
+               "r_cta, W / BW_agg) (W weight bytes, c CTAs; SMs source "
+               f"{dev['sm_count_source']}, target {dev['sm_count_target']}); r_cta = one CTA's streaming rate, the "
+               "median over the family's source shapes with at most a quarter as many CTAs as SMs (a family with "
+               "none borrows the median of the others); BW_agg = the family's rate on its source shape with the most "
+               "bytes; the model's time target / source scales each measured launch group (same shapes: the source "
+               "back); a kernel config the engine picks only at the target's shapes is not seen")
+    out.append("on another GPU: r_cta x SM clock target/source (Little's law: the bytes one CTA keeps in flight are "
+               "the kernel's own, the memory latency is taken as the same number of SM cycles on both GPUs; DRAM "
+               "bandwidth does not set one CTA's rate); BW_agg x DRAM bandwidth target/source")
+    for cat, name, f in families:
+        borrowed = " (borrowed)" if f.get("rate_cta_borrowed") else ""
+        tile = f"tile_n {f['tile_n']}" + (f" -> {f['target_tile_n']} on the target ({f['target_config_source']})"
+                                          if f.get("target_tile_n") != f["tile_n"] else "")
+        out.append(f"{name} ({cat}): {tile}, r_cta {(f['rate_cta_bytes_per_s'] or 0) / 1e9:.1f} GB/s "
+                   f"per CTA{borrowed} -> {(f['target_rate_cta_bytes_per_s'] or 0) / 1e9:.1f} on the target, BW_agg "
+                   f"{(f['bw_agg_bytes_per_s'] or 0) / 1e9:.0f} GB/s -> {(f['target_bw_agg_bytes_per_s'] or 0) / 1e9:.0f}")
+    if dev.get("experts_touched"):
+        out.append(f"routed experts touched per step: {dev['experts_touched']} (top_k): the source ran dummy weights "
+                   "(--load-format dummy), which route every sequence of a batch to the same experts")
+    return out
 
 
 def collectives(target: ModelSpec, hw: HardwareSpec, interconnect: Optional[str], impl: str) -> Dict[str, Any]:
@@ -158,14 +289,16 @@ def collectives(target: ModelSpec, hw: HardwareSpec, interconnect: Optional[str]
 
 def project_budget(budget: Mapping[str, Any], source: ModelSpec, target: ModelSpec, src_hw: HardwareSpec,
                    dst_hw: HardwareSpec, host: Optional[Mapping[str, Any]], *, interconnect: Optional[str],
-                   allreduce: str = "oneshot", host_mode: str = "measured") -> Dict[str, Any]:
+                   allreduce: str = "oneshot", host_mode: str = "measured",
+                   experts_touched: Optional[int] = None) -> Dict[str, Any]:
     """`profattr.project/1`: the predicted ms per decode step on the target and every assumption."""
     devices = budget.get("devices") or []
     if not devices:
         from profattr.errors import ProfattrError
 
         raise ProfattrError("the capture's budget has no device with decode steps; project a decode capture")
-    projected = [project_device(d, _gpu(budget, d.get("device")), source, target, src_hw, dst_hw) for d in devices]
+    projected = [project_device(d, _gpu(budget, d.get("device")), source, target, src_hw, dst_hw, experts_touched)
+                 for d in devices]
     dev = max(projected, key=lambda p: p["gpu_ms"])  # the slowest rank sets the step
     comm = collectives(target, dst_hw, interconnect, allreduce)
     gpu_ms = dev["gpu_ms"]
@@ -191,8 +324,10 @@ def project_budget(budget: Mapping[str, Any], source: ModelSpec, target: ModelSp
                       "ms": host_ms})
     band = None  # set by the caller from the projections of replicate captures
     assumptions = [
-        "per launch shape: t = max(t_fixed, d_source x byte ratio per launch x BW_source / BW_target); t_fixed = the "
-        "kernel name's shortest mean duration over its launch shapes in the source, x SM clock source/target",
+        *_launch_model_assumptions(dev),
+        "other launch shapes of a row that moves bytes: t = t_fixed + (d_source - t_fixed) x byte ratio per launch x "
+        "BW_source / BW_target; t_fixed = the smaller of the GPU's launch floor t0 and the kernel's shortest mean "
+        "duration over its launch shapes in the source, x SM clock source/target",
         "byte ratio per launch: floor-row bytes on the target / on the source (profattr gap's rows), over the "
         "launch-count ratio; every shape of a row scales alike (replicated and sharded weights of one row mixed)",
         "categories without a bytes floor, and rows whose bytes explain under "

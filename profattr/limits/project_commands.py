@@ -46,6 +46,17 @@ def _specs(capture: Path, run_json: Optional[Path], tp: Optional[int], layers: O
     return source, target
 
 
+def _dummy_routing(capture: Path, run_json: Optional[Path], source) -> Optional[int]:
+    """top_k when the server ran dummy weights (--load-format dummy routes every sequence to the same experts)."""
+    from profattr.limits.workload import load_run_json
+    from profattr.trace.reader import run_json_path
+
+    path = Path(run_json) if run_json else run_json_path(capture)
+    args = ((load_run_json(path).get("server_log") or {}).get("server_args") or {}) if path.exists() else {}
+    top_k = (source.config or {}).get("num_experts_per_tok")
+    return int(top_k) if args.get("load_format") == "dummy" and top_k else None
+
+
 def project_capture(capture: Path, to: str, *, tp=None, layers=None, batch=None, interconnect="auto", host="measured",
                     allreduce="oneshot", run_json=None, steps="auto", replicates=()) -> dict:
     """`profattr.project/1` of one capture (and the band over replicate captures)."""
@@ -79,8 +90,9 @@ def project_capture(capture: Path, to: str, *, tp=None, layers=None, batch=None,
         with open_trace(sqlite_path) as trace:
             measured_host = host_cycle(trace)
         results.append(project_budget(budget, source, target, src_hw, dst_hw, measured_host,
-                                      interconnect=link, allreduce=allreduce,
-                                      host_mode=host))
+                                      interconnect=link, allreduce=allreduce, host_mode=host,
+                                      experts_touched=_dummy_routing(path, run_json if path == capture else None,
+                                                                     source)))
     head = results[0]
     if len(results) > 1:
         values = [r["predicted_ms_per_step"] for r in results]
