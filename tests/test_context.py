@@ -17,7 +17,8 @@ import pytest
 from click.testing import CliRunner
 
 from profattr.cli import cli
-from profattr.taxonomy.classify import load_rules
+from profattr.taxonomy.classify import RuleSet, load_rules
+from profattr.taxonomy.lookup import Inventory
 
 ROOT = Path(__file__).resolve().parent.parent
 INVENTORY = ROOT / "profattr" / "taxonomy" / "inventory"
@@ -25,11 +26,12 @@ PUBLIC = Path(__file__).parent / "data" / "public" / "hta"
 ALEXNET = PUBLIC / "benchmark_result_2869224_1695835535_trace.json.gz"
 EAGER = "glm5/glm-triton-eager"
 INVENTORY_KEYS = ("name", "category", "family", "library", "version", "source")
-# family agreement of the shipped rules on each library's inventory (scripts/score-kernel-inventory), a little
-# under what they reach: a rule change that loses ground on a library fails here
-FAMILY_FLOOR = {"aten": 0.58, "cublas": 0.31, "cutlass": 0.43, "flashinfer": 0.80, "mamba": 0.95, "nccl": 0.97,
-                "sglang": 0.54, "trtllm": 0.71, "vllm": 0.53}
-
+# family agreement of the shipped name rules alone (no inventory lookup) on each library's inventory
+# (scripts/score-kernel-inventory --no-inventory), a little under what they reach: a rule change that loses ground
+# on a library fails here. Libraries of fewer than 40 kernels (DeepGEMM, FlashMLA) are too small for a floor.
+FAMILY_FLOOR = {"aten": 0.58, "cublas": 0.97, "cutlass": 0.43, "flashinfer": 0.80, "mamba": 0.93, "nccl": 0.97,
+                "sglang": 0.55, "trtllm": 0.73, "vllm": 0.53}
+INVENTORIES = sorted(p.stem for p in INVENTORY.glob("*.tsv"))
 
 def run(*args):
     return CliRunner().invoke(cli, [str(a) for a in args])
@@ -61,10 +63,10 @@ def rules():
 
 # --- the inventories -------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("library", sorted(FAMILY_FLOOR))
+@pytest.mark.parametrize("library", INVENTORIES)
 def test_inventory_rows_are_well_formed(library, rules):
     rows = read_inventory(library)
-    assert len(rows) >= 40
+    assert rows
     for row in rows:
         assert len(row) == len(INVENTORY_KEYS) and all(row.values()), row
         assert row["library"] == library and row["category"] in rules.categories, row
@@ -72,11 +74,45 @@ def test_inventory_rows_are_well_formed(library, rules):
     assert len({r["name"] for r in rows}) == len(rows)
 
 
-@pytest.mark.parametrize("library", sorted(FAMILY_FLOOR))
-def test_every_inventoried_kernel_is_scored_against_its_category(library, rules):
+def _owned(rows, rules):
+    """The rows the inventories decide: identifiers with one category over all inventories, not CUB's."""
+    return [r for r in rows if rules.inventory.find(r["name"]) is not None]
+
+
+@pytest.mark.parametrize("library", INVENTORIES)
+def test_every_inventoried_kernel_classifies_to_its_category(library, rules):
+    """Each kernel a library's source defines lands in the category where that library keeps it: by a library's
+    own name rule, or by the inventory where no such rule covers it; a name rule that says otherwise is a
+    contradiction to resolve (scripts/score-kernel-inventory --conflicts lists none)."""
     rows = read_inventory(library)
-    misses = [(r["name"], r["category"], rules.classify(r["name"])) for r in rows
-              if rules.classify(r["name"]).split(".")[0] != r["category"].split(".")[0]]
+    owned = _owned(rows, rules)
+    assert len(owned) >= 0.85 * len(rows)  # few identifiers are shared with another category, or CUB's
+    misses = [(r["name"], r["category"], rules.classify(r["name"])) for r in owned
+              if rules.classify(r["name"]) != r["category"]]
+    assert not misses, misses[:20]
+
+
+def test_shared_identifiers_are_left_to_the_rules(rules):
+    """An identifier two inventories file differently (a bare ``Marlin``: sglang's dense GEMM and vLLM's expert
+    GEMM as one mangled name each) is no inventory's to decide."""
+    by_name = {}
+    for library in INVENTORIES:
+        for row in read_inventory(library):
+            by_name.setdefault(row["name"], set()).add(row["category"])
+    shared = [n for n, cats in by_name.items() if len(cats) > 1 and "::" not in n]
+    assert shared
+    assert all(rules.inventory.find(n) is None for n in shared)
+    assert rules.inventory.find("void cub::DeviceRadixSortOnesweepKernel<int>(int*)") is None
+
+
+@pytest.mark.parametrize("library", sorted(FAMILY_FLOOR))
+def test_name_rules_alone_keep_their_ground(library, rules):
+    """Without the inventory lookup, the name rules on a library's kernels: the ground a release's new kernels,
+    which no inventory lists yet, start from."""
+    alone = RuleSet(rules.rules, rules.categories, rules.context_rules, Inventory(()))
+    rows = read_inventory(library)
+    misses = [(r["name"], r["category"], alone.classify(r["name"])) for r in rows
+              if alone.classify(r["name"]).split(".")[0] != r["category"].split(".")[0]]
     agreement = 1 - len(misses) / len(rows)
     assert agreement >= FAMILY_FLOOR[library], (library, round(agreement, 4), misses[:30])
 

@@ -32,7 +32,7 @@ Matching is deterministic, first match wins: user rules before shipped rules; wi
 ``nvtx`` condition before plain rules; then by priority, file name and position in the file. Callers work
 out which ``nvtx`` patterns an enclosing NVTX range matches (``RuleSet.contexts_for``) and pass that set
 as ``contexts``; rules whose pattern is not in the set are skipped. When the first matching rule is a shipped weak
-rule, or no rule matches, the kernel inventories (profattr/taxonomy/lookup.py: the kernels each library's source
+rule or a naming convention (rules/conventions.toml, rules/generic.toml), or no rule matches, the kernel inventories (profattr/taxonomy/lookup.py: the kernels each library's source
 defines, by function identifier) decide if they know the kernel, as a strong rule with id ``inventory.LIBRARY``.
 """
 from __future__ import annotations
@@ -182,7 +182,7 @@ class RuleSet:
         rule = self._first(capped(name or ""), ctx)
         if rule is None and short and short != name:
             rule = self._first(capped(short), ctx)
-        if rule is None or (rule.strength == "weak" and not rule.user):
+        if rule is None or (not rule.user and (rule.strength == "weak" or _convention(rule))):
             rule = self.inventory_rule(name or "", short) or rule
         self._cache[key] = rule
         return rule
@@ -278,6 +278,14 @@ def load_rules(extra: Sequence[PathLike] = (), inventory_exclude: Sequence[str] 
 
 
 # --- internals ---------------------------------------------------------------------------------------
+
+CONVENTION_FILES = ("conventions.toml", "generic.toml")  # rules that read generic words, not one library's names
+
+
+def _convention(rule: Rule) -> bool:
+    """A plain naming-convention rule: the inventories decide before it. A convention that holds inside an NVTX
+    range (``nvtx``) is the launch context's word and stays first."""
+    return rule.nvtx is None and Path(rule.origin.rsplit(":", 1)[0]).name in CONVENTION_FILES
 
 
 @dataclass(frozen=True)

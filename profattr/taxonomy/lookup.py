@@ -5,7 +5,8 @@ The inventories (``profattr/taxonomy/inventory/LIBRARY.tsv``, built by scripts/b
 libraries' published sources and wheels) list one row per kernel a library defines: its function identifier, the
 category where the library keeps it (inventory/sources.toml), the library, its version and the source file. A
 name rule generalises from names seen before; the inventory knows the exact kernels of each release, so it decides
-a kernel no certain name rule covers, before the launch context and the weak (naming-convention) rules.
+a kernel that no library's own name rule covers: before the naming conventions (rules/conventions.toml and
+rules/generic.toml, which read generic words), the launch context and the weak rules.
 
 The key is the kernel's function identifier: the demangled name without return type, namespaces, template
 arguments and arguments (``void flashinfer::norm::FusedAddRMSNormKernel<8u, __nv_bfloat16>(...)`` ->
@@ -14,6 +15,7 @@ An identifier is not looked up when:
 
 * the inventories give it more than one category (``_fwd_kernel``, a bare ``Marlin``): the name rules and the
   launch context decide;
+* it is a CUB kernel (``DeviceRadixSort...Kernel``) that a library compiled in (GENERIC_IDENTIFIERS);
 * the demangled name puts it in a namespace of a generic library that other libraries instantiate (``cub::``,
   ``at::``, ``thrust::``, ``cutlass::``, ``cute::``, ``std::``): a ``cub::DeviceRadixSortOnesweepKernel`` built into
   vLLM's MoE module is not vLLM's MoE kernel, and the library that owns such a name has no inventory here.
@@ -31,6 +33,9 @@ GENERIC_NAMESPACES = ("cub", "at", "thrust", "cutlass", "cute", "std", "c10", "c
 # older Triton appended the pointer-argument signature to the kernel name: _fwd_kernel_0d1d2d3de
 _TRITON_SIGNATURE = re.compile(r"_\d+d(?:\d+[dc])*(?:e)?$")
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# kernels of CUB that a library's shared object instantiates (DeviceRadixSortOnesweepKernel inside vLLM's MoE
+# module): CUB's, whichever library compiled them in; the launch context tells what they sorted or scanned
+GENERIC_IDENTIFIERS = re.compile(r"^(Device[A-Z][A-Za-z]*Kernel|EmptyKernel)$")
 
 
 @dataclass(frozen=True)
@@ -89,8 +94,14 @@ class Inventory:
     def __init__(self, entries: Iterable[Entry]):
         by_id: dict[str, list[Entry]] = {}
         for entry in entries:
+            if GENERIC_IDENTIFIERS.match(entry.identifier):
+                continue
             by_id.setdefault(entry.identifier, []).append(entry)
         self._by_id = by_id
+        # the categories each bare identifier has under any namespace (marlin::Marlin, marlin_moe::Marlin -> Marlin)
+        self._bare_categories: dict[str, set] = {}
+        for key, group in by_id.items():
+            self._bare_categories.setdefault(key.rsplit("::", 1)[-1], set()).update(e.category for e in group)
         self.libraries = tuple(sorted({e.library for group in by_id.values() for e in group}))
 
     def __len__(self) -> int:
@@ -103,13 +114,20 @@ class Inventory:
     def find(self, demangled: str, short: Optional[str] = None) -> Optional[Entry]:
         """The inventoried kernel ``demangled`` is, when exactly one category is known for its identifier and its
         namespace is not a generic library's; else None."""
-        if demangled and any(ns in GENERIC_NAMESPACES for ns in namespaces(demangled)[:1]):
+        spaces = namespaces(demangled) if demangled else ()
+        if any(ns in GENERIC_NAMESPACES for ns in spaces[:1]):
             return None
         for ident in _keys(demangled, short):
+            # a namespaced row first (marlin::Marlin), from the innermost namespace out; then the bare identifier,
+            # which decides only when every row of that identifier, namespaced or not, has one category
+            for depth in range(1, len(spaces) + 1):
+                found = self._by_id.get("::".join(spaces[-depth:] + (ident,)))
+                if found and len({e.category for e in found}) == 1:
+                    return found[0]
             found = self._by_id.get(ident)
-            if not found:
+            if not found and ident not in self._bare_categories:
                 continue
-            if len({e.category for e in found}) == 1:
+            if len(self._bare_categories.get(ident, ())) == 1 and found:
                 return found[0]
             return None  # known, with several categories: not the inventory's to say
         return None
