@@ -38,7 +38,7 @@ from profattr.attribute.precision import annotate as annotate_precision
 from profattr.attribute.shapes import kernel_shapes, short_kernel_stats
 from profattr.attribute.steps import Steps, find_steps
 from profattr.errors import ProfattrError
-from profattr.regexguard import MAX_MATCH_CHARS
+from profattr.regexguard import search_mask
 from profattr.attribute.context import (ContextTexts, evidence_block, launch_stack_bits, torch_op_bits,
                                         warn_unmatched_contexts)
 from profattr.taxonomy.classify import load_rules
@@ -318,7 +318,7 @@ def attribute(export, steps_spec: str, ruleset, mapping: Attribution | None = No
     step = steps.assign(ops.launch_tid, ops.launch_ns, ops.launched)
     placement = place_contexts(export, ops, ranges)
     patterns = list(ruleset.context_patterns)
-    mask = context_mask(ranges, patterns, placement.tid, placement.t_ns)
+    mask = context_mask(ranges, ruleset.context_regexes, placement.tid, placement.t_ns)
     status, method = placement.status, placement.method
     mapped, report, names = None, None, None
     if mapping is not None:
@@ -358,25 +358,25 @@ def attribute(export, steps_spec: str, ruleset, mapping: Attribution | None = No
                        mask=mask, mapping=mapping, mapped=mapped, mapping_report=report, names=names, gemm_mnk=gemm)
 
 
-def context_mask(ranges: Ranges, patterns: Sequence[str], ctx_tid, ctx_ns, selected: list | None = None
+def context_mask(ranges: Ranges, regexes: Sequence, ctx_tid, ctx_ns, selected: list | None = None
                  ) -> np.ndarray:
-    """Per op, bit b set when an NVTX range whose text matches patterns[b] encloses its context point.
-    `selected`: context_ranges(ranges, patterns), when already computed (windows)."""
+    """Per op, bit b set when an NVTX range whose text matches regexes[b] (RuleSet.context_regexes) encloses its
+    context point. `selected`: context_ranges(ranges, regexes), when already computed (windows)."""
     mask = np.zeros(len(ctx_ns), dtype=np.int64)
-    for bit, (tid, start, end) in enumerate(selected if selected is not None else context_ranges(ranges, patterns)):
+    for bit, (tid, start, end) in enumerate(selected if selected is not None else context_ranges(ranges, regexes)):
         if len(start):
             hit = enclosed(tid, start, end, ctx_tid, ctx_ns)
             mask |= hit.astype(np.int64) << bit
     return mask
 
 
-def context_ranges(ranges: Ranges, patterns: Sequence[str]) -> list:
-    """Per pattern, the (tid, start, end) arrays of the ranges whose text matches it."""
+def context_ranges(ranges: Ranges, regexes: Sequence) -> list:
+    """Per compiled pattern (RuleSet.context_regexes), the (tid, start, end) arrays of the ranges whose text (its
+    first MAX_MATCH_CHARS characters) it finds a match in."""
     frame = ranges.frame
-    texts = frame["text"].astype(str).str.slice(0, MAX_MATCH_CHARS) if len(frame) else None  # regexguard.py
     out = []
-    for pattern in patterns:
-        sel = frame[texts.str.contains(pattern, regex=True)] if len(frame) else frame
+    for regex in regexes:
+        sel = frame[search_mask(frame["text"], regex)] if len(frame) else frame
         out.append((sel["tid"].to_numpy(), sel["start"].to_numpy(), sel["end"].to_numpy()))
     return out
 

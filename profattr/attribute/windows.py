@@ -49,7 +49,7 @@ def _pass(source, store, steps, ranges, patterns, combos: Combos, remap=None, as
         return None
     totals = StepTotals(step_categories)
     counts = PlacementCounts()
-    selected = B.context_ranges(ranges, patterns)
+    selected = B.context_ranges(ranges, combos.ruleset.context_regexes)
     linear = LinearRanges(ranges)  # layerwise NVTX markers of linear layers: a GEMM's M, N, K (gemm_dims.py)
     texts = ContextTexts(source)
     for ops in windows:
@@ -58,7 +58,7 @@ def _pass(source, store, steps, ranges, patterns, combos: Combos, remap=None, as
             step = remap[step]
         placement = place_contexts(source, ops, ranges)
         counts.add(placement.counts_of_method)
-        mask = B.context_mask(ranges, patterns, placement.tid, placement.t_ns, selected)
+        mask = B.context_mask(ranges, combos.ruleset.context_regexes, placement.tid, placement.t_ns, selected)
         reg = combos.ids(ops, mask)
         totals.add(ops, step, reg, combos, placement.status, gemm=linear.of(placement.tid, placement.t_ns))
         texts.add(ops, reg, [v[4] for v in combos.values], [v[7] for v in combos.values], ranges, placement.tid,
