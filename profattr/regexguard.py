@@ -1,51 +1,41 @@
-"""User regexes, bounded before they meet a capture's names: the `pattern` and `nvtx` of rules files given with
---rules, --layer-range and --steps nvtx-re:REGEX. Python's `re` backtracks, so a pattern such as `(a+)+$` takes
-exponential time on a long name that almost matches, and would hang `budget` and `classify`.
+"""The one place user regexes are compiled, and the cap on the text any regex meets.
 
-Two checks, when a user pattern is compiled (the shipped rules are reviewed and tested instead):
+Which engine compiles what:
 
-1. static: a quantifier that repeats without bound (or ten times or more) whose body holds another quantifier of
-   variable length (`(a+)+`, `(\\w+_?)*`, `(?:a|b*){2,}`) is refused: it can match one text in exponentially many
-   ways. Optional parts (`?`), fixed counts (`{3}`) and possessive or atomic groups (`a++`, `(?>...)`) are fine;
-2. a trial: the pattern is searched in adversarial names built from its own characters (each repeated to
-   MAX_MATCH_CHARS, then a character it does not expect, where backtracking is worst), each within TRIAL_SECONDS.
-   The trial is bounded by a timer signal (SIGALRM) in the main thread, else run in a child Python process that
-   is stopped the same way (and killed when even that fails). A pattern that overruns is refused: polynomial
-   blow-ups such as `.*a.*b` (cubic: 20 s on 4096 characters) that the static check does not see; a quadratic
-   one (`.*_fp8_.*gemm`, ~0.1 s) passes.
+- A user's pattern runs on RE2 (google-re2), whose search time is linear in the text whatever the pattern: the
+  `pattern` and `nvtx` of rules files given with --rules and the `pattern` of their [[context]] tables, --kernel,
+  --layer-range and --steps nvtx-re:REGEX. Every pattern RE2 accepts is accepted, `(a+)+$` included. A pattern
+  RE2 cannot run (a backreference `\\1`, lookaround `(?=`, `(?<!`, a possessive `a++` or atomic `(?>` group, a
+  count over 1000, verbose `(?x)`) is one error naming where it came from (a rules file's file:line, or the
+  option) and what to write instead. Python's `\\Z` is read as RE2's
+  `\\z` (the end of the text) and Python's `{,n}` as `{0,n}`. Where RE2 still reads a pattern that Python also
+  accepts differently: `\\d`, `\\w`, `\\s` and `\\b` are ASCII only, and `$` matches only at the very end
+  (Python's also before a final newline).
+- The shipped patterns (profattr/taxonomy/rules/*.toml, context/*.toml, report/data/*.toml, the code's own) stay on
+  Python `re`: ten of them use lookaround, which RE2 has not (`(?<!shared_)experts`, the default --layer-range
+  pattern); they are reviewed and tested on real kernel names; and `re` searches a short name about twice as fast
+  as RE2 through its Python binding.
+- A checkpoint's config.json `re:` ignore patterns are written for an engine that runs them with Python re: RE2 when
+  it can run them, else Python re, as the engine does (compile_engine_pattern).
 
-Either refusal names the rules file and line (or the option) and the pattern. Kernel names and NVTX text are cut
-to MAX_MATCH_CHARS characters before any rule or user regex matches them (`capped`), so the trial's length is the
-longest text a pattern ever meets.
+Kernel names and NVTX text are cut to MAX_MATCH_CHARS characters before any rule or user regex meets them
+(`capped`): it bounds the shipped patterns' time too, and keeps every engine matching the same text.
 """
 from __future__ import annotations
 
-import functools
-import json
 import re
-import signal
-import subprocess
-import sys
-import threading
 import warnings
+
+import numpy as np
+import pandas as pd
+import re2
 
 from profattr.errors import ProfattrError
 
-try:  # Python 3.11+
-    from re import _constants as _sre_constants
-    from re import _parser as _sre_parse
-except ImportError:  # pragma: no cover - Python < 3.11
-    import sre_constants as _sre_constants  # type: ignore[no-redef]
-    import sre_parse as _sre_parse  # type: ignore[no-redef]
-
 MAX_MATCH_CHARS = 4096  # kernel names and NVTX text are matched on their first this many characters
-TRIAL_SECONDS = 0.25  # per trial name: a quadratic pattern takes ~0.1 s on 4096 characters, a cubic one ~20 s
-UNBOUNDED_REPEATS = 10  # a quantifier that may repeat this often is treated as unbounded
-_MAXREPEAT = _sre_constants.MAXREPEAT
-_REPEATS = {_sre_constants.MAX_REPEAT, _sre_constants.MIN_REPEAT}
-_POSSESSIVE = getattr(_sre_constants, "POSSESSIVE_REPEAT", None)
-_ATOMIC = getattr(_sre_constants, "ATOMIC_GROUP", None)
-_CATEGORY_CHARS = {"DIGIT": "0", "NOT_DIGIT": "a", "SPACE": " ", "NOT_SPACE": "a", "WORD": "a", "NOT_WORD": "-"}
+_SURROGATE = re.compile("[\ud800-\udfff]")  # not UTF-8: RE2 cannot take it; U+FFFD, one for one, keeps offsets
+_OPTIONS = re2.Options()
+_OPTIONS.log_errors = False  # the reason comes back in the exception; RE2 would also print it to stderr
 
 
 def capped(text) -> str:
@@ -54,165 +44,138 @@ def capped(text) -> str:
     return text if len(text) <= MAX_MATCH_CHARS else text[:MAX_MATCH_CHARS]
 
 
-def _unbounded(hi) -> bool:
-    return hi >= UNBOUNDED_REPEATS  # MAXREPEAT (no bound) included
+class UserRegex:
+    """A user's pattern compiled by RE2, with the part of `re.Pattern` profattr uses: search, match, fullmatch
+    (each returns a match with group(), groups(), span(), or None), pattern, groups, groupindex."""
 
+    engine = "re2"
+    __slots__ = ("_rx", "pattern")
 
-def _nested(items, under_repeat: bool):
-    """The first nested variable-length quantifier inside an unbounded one, as text, else None."""
-    for op, av in items:
-        if op in _REPEATS:
-            lo, hi, sub = av
-            if under_repeat and lo != hi and (hi is _MAXREPEAT or hi > 1):
-                return "repeats a part that is itself repeated a variable number of times"
-            found = _nested(sub, under_repeat or _unbounded(hi))
-        elif _POSSESSIVE is not None and op == _POSSESSIVE:
-            found = _nested(av[2], False)  # matched once, never backtracked into
-        elif _ATOMIC is not None and op == _ATOMIC:
-            found = _nested(av, False)
-        elif op == _sre_constants.SUBPATTERN:
-            found = _nested(av[-1], under_repeat)
-        elif op == _sre_constants.BRANCH:
-            found = next((f for sub in av[1] if (f := _nested(sub, under_repeat))), None)
-        elif op in (_sre_constants.ASSERT, _sre_constants.ASSERT_NOT):
-            found = _nested(av[1], under_repeat)
-        elif op == _sre_constants.GROUPREF_EXISTS:
-            found = next((f for sub in av[1:] if sub is not None and (f := _nested(sub, under_repeat))), None)
-        else:
-            found = None
-        if found:
-            return found
-    return None
+    def __init__(self, rx, pattern: str):
+        self._rx = rx
+        self.pattern = pattern
 
+    @property
+    def groups(self) -> int:
+        return self._rx.groups
 
-def _characters(items, out: list) -> None:
-    """Characters the pattern matches, in order of appearance (to build its trial names)."""
-    for op, av in items:
-        if op == _sre_constants.LITERAL:
-            out.append(chr(av))
-        elif op == _sre_constants.NOT_LITERAL:
-            out.append("a" if chr(av) != "a" else "b")
-        elif op == _sre_constants.ANY:
-            out.append("a")
-        elif op == _sre_constants.IN:
-            for kind, value in av:
-                if kind == _sre_constants.LITERAL:
-                    out.append(chr(value))
-                elif kind == _sre_constants.RANGE:
-                    out += [chr(value[0]), chr(value[1])]
-                elif kind == _sre_constants.CATEGORY:
-                    out.append(_CATEGORY_CHARS.get(str(value).replace("CATEGORY_", ""), "a"))
-        elif op in _REPEATS or (_POSSESSIVE is not None and op == _POSSESSIVE):
-            _characters(av[2], out)
-        elif _ATOMIC is not None and op == _ATOMIC:
-            _characters(av, out)
-        elif op == _sre_constants.SUBPATTERN:
-            _characters(av[-1], out)
-        elif op == _sre_constants.BRANCH:
-            for sub in av[1]:
-                _characters(sub, out)
-        elif op in (_sre_constants.ASSERT, _sre_constants.ASSERT_NOT):
-            _characters(av[1], out)
+    @property
+    def groupindex(self) -> dict:
+        return dict(self._rx.groupindex)
 
-
-def trial_names(pattern: str) -> list:
-    """Adversarial names for `pattern`: each of its characters, the first pairs in order, and all of them in order,
-    repeated to MAX_MATCH_CHARS, then a character it does not expect."""
-    chars: list = []
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        _characters(_sre_parse.parse(pattern), chars)
-    chars = [c for c in dict.fromkeys(chars) if c][:8] or ["a"]
-    units = chars + [a + b for a, b in zip(chars, chars[1:])][:4] + ["".join(chars)]
-    return [(unit * (MAX_MATCH_CHARS // len(unit) + 1))[: MAX_MATCH_CHARS - 1] + "\x00" for unit in units]
-
-
-class _Overrun(Exception):
-    pass
-
-
-def _raise_overrun(signum, frame):
-    raise _Overrun()
-
-
-_CHILD = r"""
-import json, re, signal, sys, time
-pattern, names, limit = json.loads(sys.stdin.read())
-def stop(*a):
-    sys.stdout.write("slow"); sys.stdout.flush(); sys.exit(0)
-signal.signal(signal.SIGALRM, stop)
-rx = re.compile(pattern)
-for n in names:
-    signal.setitimer(signal.ITIMER_REAL, limit)
-    rx.search(n)
-    signal.setitimer(signal.ITIMER_REAL, 0)
-sys.stdout.write("ok")
-"""
-
-
-def _main_thread_timer_free() -> bool:
-    return (threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer")
-            and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0))
-
-
-def _overruns(pattern: str, names: list) -> bool:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        rx = re.compile(pattern)
-    if _main_thread_timer_free():
-        previous = signal.signal(signal.SIGALRM, _raise_overrun)
+    def search(self, text: str):
         try:
-            for name in names:
-                signal.setitimer(signal.ITIMER_REAL, TRIAL_SECONDS)
-                rx.search(name)
-                signal.setitimer(signal.ITIMER_REAL, 0)
-            return False
-        except _Overrun:
-            return True
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, previous)
-    # not the main thread (a signal cannot be used here): a child process, killed when even its timer fails
-    try:
-        done = subprocess.run([sys.executable, "-I", "-S", "-c", _CHILD], input=json.dumps([pattern, names,
-                                                                                            TRIAL_SECONDS]),
-                              capture_output=True, text=True, timeout=TRIAL_SECONDS * len(names) + 10)
-    except subprocess.TimeoutExpired:
-        return True
-    except OSError:  # no child process here: the static check stands alone
-        return False
-    return done.stdout.strip() == "slow"
+            return self._rx.search(text)
+        except UnicodeEncodeError:  # a lone surrogate (a name that was not valid UTF-8)
+            return self._rx.search(_SURROGATE.sub("\ufffd", text))
+
+    def match(self, text: str):
+        try:
+            return self._rx.match(text)
+        except UnicodeEncodeError:
+            return self._rx.match(_SURROGATE.sub("\ufffd", text))
+
+    def fullmatch(self, text: str):
+        try:
+            return self._rx.fullmatch(text)
+        except UnicodeEncodeError:
+            return self._rx.fullmatch(_SURROGATE.sub("\ufffd", text))
+
+    def __repr__(self) -> str:
+        return f"UserRegex({self.pattern!r})"
 
 
-@functools.lru_cache(maxsize=512)
-def problem(pattern: str):
-    """Why `pattern` is refused (a phrase), or None. `pattern` must compile."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        parsed = _sre_parse.parse(pattern)
-    nested = _nested(parsed, False)
-    if nested:
-        return f"{nested} (catastrophic backtracking: exponential time on a long name)"
-    if _overruns(pattern, trial_names(pattern)):
-        return (f"took over {TRIAL_SECONDS:g} s to search a {MAX_MATCH_CHARS}-character trial name (it backtracks "
-                "too much)")
-    return None
+def _python_spellings_as_re2(pattern: str) -> str:
+    """`pattern` with the two spellings Python reads one way and RE2 another written as RE2 reads Python's meaning:
+    `\\Z` (the end of the text) as `\\z`, and a count without its lower bound `{,n}` as `{0,n}` (RE2 would read
+    it as text). Inside a character class and after a backslash, nothing changes."""
+    if "\\Z" not in pattern and "{," not in pattern:
+        return pattern
+    out, i, in_class, n = [], 0, False, len(pattern)
+    while i < n:
+        c = pattern[i]
+        if c == "\\" and i + 1 < n:
+            out.append("\\z" if pattern[i + 1] == "Z" and not in_class else pattern[i:i + 2])
+            i += 2
+            continue
+        if in_class:
+            in_class = c != "]"
+        elif c == "[":
+            in_class = True
+            out.append(c)
+            i += 1
+            for lead in ("^", "]"):  # `[^]...]` and `[]...]`: a leading `]` is a member
+                if i < n and pattern[i] == lead:
+                    out.append(lead)
+                    i += 1
+            continue
+        elif c == "{" and pattern.startswith("{,", i):
+            close = i + 2
+            while close < n and pattern[close].isdigit():
+                close += 1
+            if close < n and pattern[close] == "}":
+                out.append("{0," + pattern[i + 2:close + 1])
+                i = close + 1
+                continue
+        out.append(c)
+        i += 1
+    return "".join(out)
 
 
-def compile_user(pattern: str, where: str) -> "re.Pattern[str]":
-    """`pattern` compiled, after the checks of the module docstring; ProfattrError naming `where` (a rules file's
-    file:line and rule, or an option) when it does not compile or is refused."""
+def _python_reason(pattern: str):
+    """Why Python's re also refuses `pattern` (a phrase), or None when it compiles there."""
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # re's FutureWarnings (a possible nested set): the user's choice
-            rx = re.compile(pattern)
+            warnings.simplefilter("ignore")  # re's FutureWarnings (a possible nested set)
+            re.compile(pattern)
     except re.error as exc:
-        raise ProfattrError(f"{where}: bad regex {pattern!r}: {exc.msg} at position {exc.pos}; write a Python re "
-                            "pattern") from None
+        return f"{exc.msg} at position {exc.pos}"
     except (RecursionError, OverflowError, ValueError) as exc:
-        raise ProfattrError(f"{where}: bad regex {pattern!r}: {exc}; write a simpler pattern") from None
-    why = problem(pattern)
-    if why:
-        raise ProfattrError(f"{where}: the regex {pattern!r} {why}; rewrite it without a quantifier inside a "
-                            "quantifier (e.g. `a+` for `(a+)+`), or make the inner part possessive (`(?:a++)+`)")
-    return rx
+        return str(exc)
+    return None
+
+
+def compile_user(pattern: str, where: str) -> UserRegex:
+    """`pattern` compiled by RE2; ProfattrError naming `where` (a rules file's file:line and rule, or an option)
+    when it is not a regex at all, or uses what RE2 cannot run."""
+    if not isinstance(pattern, str):
+        raise ProfattrError(f"{where}: a regex must be a string, got {pattern!r}")
+    try:
+        return UserRegex(re2.compile(_python_spellings_as_re2(pattern), _OPTIONS), pattern)
+    except re2.error as exc:
+        reason = exc.args[0].decode("utf-8", "replace") if exc.args and isinstance(exc.args[0], bytes) \
+            else str(exc)
+    except UnicodeEncodeError:
+        raise ProfattrError(f"{where}: bad regex {pattern!r}: it is not valid UTF-8 text; write the pattern in "
+                            "UTF-8") from None
+    python = _python_reason(pattern)
+    if python is not None:
+        raise ProfattrError(f"{where}: bad regex {pattern!r}: {python}; fix the pattern") from None
+    raise ProfattrError(f"{where}: bad regex {pattern!r}: RE2, which runs user regexes in linear time, cannot run it "
+                        f"({reason}); rewrite it without backreferences, lookaround (?=, (?!, (?<=, (?<!, possessive "
+                        "or atomic groups and counts over 1000") from None
+
+
+def compile_engine_pattern(pattern: str, where: str):
+    """A pattern a checkpoint wrote for an engine that runs it with Python re (a config.json's `re:` ignore
+    patterns, which the engine matches against module paths when it loads the weights): on RE2 when RE2 can run it,
+    else on Python re as the engine does (the same pattern on the same paths, so no slower than loading the model);
+    ProfattrError naming `where` when neither engine compiles it."""
+    try:
+        return compile_user(pattern, where)
+    except ProfattrError:
+        if _python_reason(pattern) is not None:
+            raise
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return re.compile(pattern)
+
+
+def search_mask(texts, regex) -> np.ndarray:
+    """Per text of `texts` (a sequence or Series of str), whether `regex` (an re.Pattern or a UserRegex) finds a
+    match in its first MAX_MATCH_CHARS characters; each distinct text is searched once."""
+    codes, distinct = pd.factorize(pd.Series(texts, dtype=object).astype(str), sort=False)
+    if not len(distinct):
+        return np.zeros(len(codes), dtype=bool)
+    hit = np.fromiter((regex.search(capped(t)) is not None for t in distinct), dtype=bool, count=len(distinct))
+    return hit[codes]

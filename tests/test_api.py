@@ -127,3 +127,16 @@ def test_input_warnings_are_python_warnings_in_the_library(tmp_path):
     # the CLI still says it as one `warning:` line on stderr
     result = CliRunner().invoke(cli, ["budget", str(cap), "--format", "json", "--no-cache"])
     assert result.exit_code == 0 and result.stderr.count("warning: ") == 1 and "damaged row" in result.stderr
+
+
+def test_classify_with_user_rules_runs_on_re2(tmp_path):
+    import re
+
+    rules = tmp_path / "nested.toml"
+    rules.write_text('[[rule]]\nid = "mine.nested"\ncategory = "norm"\npattern = "(a+)+$"\n')
+    names = ["a" * 4096, "a" * 4095 + "!"]
+    expected = ["norm" if re.search("a+$", n) else "unclassified" for n in names]  # the same language, linear
+    assert [row["category"] for row in profattr.classify(names, rules=[rules])] == expected
+    (tmp_path / "back.toml").write_text('[[rule]]\nid = "mine.back"\ncategory = "norm"\npattern = "(a)\\\\1"\n')
+    with pytest.raises(profattr.ProfattrError, match=r"back\.toml:4.*RE2"):
+        profattr.classify(["aa"], rules=[tmp_path / "back.toml"])

@@ -107,7 +107,7 @@ def test_waterfall_columns_add_up_from_floor_to_measured(main_report):
 # --- the escaping rules on edge cases (synthetic strings) -------------------------------------------------------------
 
 def test_identifiers_become_code_spans_that_nothing_inside_can_break():
-    from profattr.report.escape import md_escape, md_name
+    from profattr.text import md_escape, md_name
 
     assert md_name("x`y") == "``x`y``"  # a longer fence than the backtick run inside
     assert md_name("`a`") == "`` `a` ``"  # padded: a span may not start or end with its own fence
@@ -120,7 +120,7 @@ def test_identifiers_become_code_spans_that_nothing_inside_can_break():
 
 
 def test_line_start_markup_is_neutralised_without_backslashes():
-    from profattr.report.escape import md_escape
+    from profattr.text import md_escape
 
     assert md_escape("- x") == "&#45; x" and md_escape("# x") == "&#35; x" and md_escape("1. x") == "1&#46; x"
     assert md_escape("---") == "&#45;--"  # a setext underline / thematic break

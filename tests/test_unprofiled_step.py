@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from profattr.capture import serverlog
+from profattr.engines import serverlog
 from profattr.capture.sglang import Requests
 
 from test_capture import events_of, free_port, invoke, real_nsys, stub_args, stub_env

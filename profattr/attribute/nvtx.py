@@ -22,17 +22,20 @@ class Ranges:
     def __len__(self) -> int:
         return len(self.frame)
 
-    def named(self, pattern: str, regex: bool = False) -> pd.DataFrame:
-        """Ranges whose text equals `pattern` (or matches it with `regex`); `text@domain` selects a domain."""
+    def named(self, pattern: str) -> pd.DataFrame:
+        """Ranges whose text equals `pattern`; `text@domain` selects a domain."""
         frame = self.frame
         text, _, domain = pattern.partition("@")
         if domain:
             frame = frame[frame["domain"] == domain]
-        if regex:  # a user's regex (checked by regexguard.compile_user), on text cut to MAX_MATCH_CHARS
-            from profattr.regexguard import MAX_MATCH_CHARS
-
-            return frame[frame["text"].astype(str).str.slice(0, MAX_MATCH_CHARS).str.contains(text, regex=True)]
         return frame[frame["text"] == text]
+
+    def matching(self, regex, domain: str = "") -> pd.DataFrame:
+        """Ranges (of `domain` when given) whose text `regex` (compiled: regexguard) finds a match in."""
+        from profattr.regexguard import search_mask
+
+        frame = self.frame[self.frame["domain"] == domain] if domain else self.frame
+        return frame[search_mask(frame["text"], regex)] if len(frame) else frame
 
 
 def load_ranges(source) -> Ranges:

@@ -100,12 +100,9 @@ def nvtx_steps(ranges: Ranges, name: str) -> Steps:
 def regex_steps(ranges: Ranges, pattern: str) -> Steps:
     from profattr.regexguard import compile_user
 
-    try:
-        re.compile(pattern)
-    except re.error as exc:
-        raise ProfattrError(f"--steps nvtx-re:{pattern}: not a valid regex ({exc})") from None
-    compile_user(pattern.partition("@")[0], "--steps nvtx-re")
-    sel = ranges.named(pattern, regex=True) if len(ranges) else ranges.frame
+    text, _, domain = pattern.partition("@")
+    regex = compile_user(text, f"--steps nvtx-re:{pattern}")
+    sel = ranges.matching(regex, domain) if len(ranges) else ranges.frame
     if sel.empty:
         raise ProfattrError(f"no NVTX range matches {pattern!r} in this capture; candidates: "
                             f"{', '.join(candidate_names(ranges)) or 'none (no NVTX ranges recorded)'}")

@@ -101,8 +101,9 @@ def suggest_rules(path, ruleset, force: bool = False) -> tuple:
 
 
 def _name_pattern(name: str) -> str:
-    """A pattern for the kernel's own name: at a name boundary, the name, then not more identifier."""
-    return r"(^|::|\s)" + re.escape(name) + r"(?![\w])"
+    """A pattern for the kernel's own name: at a name boundary, the name, then not more identifier. No lookaround:
+    a --rules file's patterns run on RE2 (regexguard.py)."""
+    return r"(^|::|\s)" + re.escape(name) + r"(\W|$)"
 
 
 def _rule_id(name: str, used: set) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from profattr.attribute import budget_parts as B
 from profattr.attribute.accumulate import Combos, StepTotals
 from profattr.attribute.comm import collective_split
 from profattr.attribute.gemm_dims import LinearRanges
@@ -19,8 +20,6 @@ from profattr.attribute.steps import find_steps
 def windowed_budget(source, steps_spec: str, ruleset, skip_steps=None, step_categories: bool = True):
     """The Budget of `source` (a StoreSource), or None when its ops are not in start order; without
     `step_categories`, its per_step_category is None (and never held)."""
-    from profattr.attribute import budget as B
-
     store = source.store
     ranges = load_ranges(source)
     steps = find_steps(source, steps_spec, ranges, store)
@@ -40,8 +39,6 @@ def windowed_budget(source, steps_spec: str, ruleset, skip_steps=None, step_cate
 def _pass(source, store, steps, ranges, patterns, combos: Combos, remap=None, assign=None, step_categories=True):
     """One pass over the windows. `steps` are the budget's; with `remap`, ops are assigned to the steps `assign`
     (all of them) and then renumbered into `steps` (-1: a left-out step)."""
-    from profattr.attribute import budget as B
-
     assign = steps if assign is None else assign
 
     windows = source.time_windows() if hasattr(source, "time_windows") else store.time_windows()
@@ -49,7 +46,7 @@ def _pass(source, store, steps, ranges, patterns, combos: Combos, remap=None, as
         return None
     totals = StepTotals(step_categories)
     counts = PlacementCounts()
-    selected = B.context_ranges(ranges, patterns)
+    selected = B.context_ranges(ranges, combos.ruleset.context_regexes)
     linear = LinearRanges(ranges)  # layerwise NVTX markers of linear layers: a GEMM's M, N, K (gemm_dims.py)
     texts = ContextTexts(source)
     for ops in windows:
@@ -58,7 +55,7 @@ def _pass(source, store, steps, ranges, patterns, combos: Combos, remap=None, as
             step = remap[step]
         placement = place_contexts(source, ops, ranges)
         counts.add(placement.counts_of_method)
-        mask = B.context_mask(ranges, patterns, placement.tid, placement.t_ns, selected)
+        mask = B.context_mask(ranges, combos.ruleset.context_regexes, placement.tid, placement.t_ns, selected)
         reg = combos.ids(ops, mask)
         totals.add(ops, step, reg, combos, placement.status, gemm=linear.of(placement.tid, placement.t_ns))
         texts.add(ops, reg, [v[4] for v in combos.values], [v[7] for v in combos.values], ranges, placement.tid,

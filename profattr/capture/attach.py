@@ -29,7 +29,8 @@ from typing import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from profattr.capture import drive, serverlog, sglang
+from profattr.capture import drive, sglang
+from profattr.engines import serverlog
 from profattr.capture.drive import DriveError
 from profattr.capture.outputs import finish_outputs, prepare_outputs, write_run
 from profattr.capture.plan import HF_REPO_ID, WINDOW_MARGIN_TOKENS, Options, Plan, _default_name, windows_of

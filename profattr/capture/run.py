@@ -17,7 +17,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-from profattr.capture import environment, proc, serverlog
+from profattr.capture import environment, proc
+from profattr.engines import serverlog
 from profattr.tools import nsys as nsys_tool
 from profattr.capture import sglang
 from profattr.capture.drive import DriveError, drive_sglang

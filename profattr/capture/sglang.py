@@ -31,39 +31,11 @@ from dataclasses import dataclass, field
 from statistics import mean, median, pstdev
 from typing import Callable, Sequence
 
+from profattr.engines.sglang import (ALIASES, BACKEND_FAMILIES, MOE_RUNNER_BACKENDS,  # noqa: F401
+                                     SGLANG_VERSION, VERBATIM_PREFIX)
 from profattr.errors import ProfattrError
 
-SGLANG_VERSION = "0.5.16"
-# --moe-runner-backend choices of SGLang 0.5.16 (server_args.py: MOE_RUNNER_BACKEND_CHOICES)
-MOE_RUNNER_BACKENDS = (
-    "auto", "deep_gemm", "triton", "triton_kernel", "flashinfer_trtllm", "experimental_sgl_trtllm",
-    "flashinfer_trtllm_routed", "flashinfer_cutlass", "flashinfer_mxfp4", "flashinfer_cutedsl", "cutlass", "aiter",
-    "marlin", "humming", "experimental_sgl_marlin",
-)
-# Short names users type. `cutlass` means FlashInfer's CUTLASS MoE; SGLang's own runner named `cutlass` is reached
-# with the verbatim form `sglang:cutlass` (any `sglang:NAME` is passed through unchecked).
-ALIASES = {"cutlass": "flashinfer_cutlass", "cutedsl": "flashinfer_cutedsl"}
-VERBATIM_PREFIX = "sglang:"
 # Server options profattr sets itself; giving them after `--` too would make two different values.
-# Fingerprint of each MoE runner, in the taxonomy rules' `family` labels: (families of its expert GEMM kernels
-# (category moe.gemm), families of its other MoE kernels that tell it apart from a runner with the same GEMM).
-# `profattr check` wants one of the chosen backend's GEMM families (and markers, when listed) present, and no
-# GEMM or marker family that only other backends use. Backends without an entry (auto, aiter, humming) are not
-# fingerprinted.
-BACKEND_FAMILIES = {
-    "triton": (("triton_fused_moe",), ()),
-    "triton_kernel": (("triton_kernels_matmul_ogs",), ()),
-    "flashinfer_cutlass": (("cutlass_grouped_gemm",), ("flashinfer_cutlass_moe",)),
-    "cutlass": (("cutlass_grouped_gemm",), ("sglang_cutlass_moe",)),
-    "flashinfer_cutedsl": (("cute_dsl_moe", "flashinfer_b12x_moe", "b12x_moe"), ()),
-    "flashinfer_trtllm": (("trtllm_gen_moe",), ()),
-    "flashinfer_trtllm_routed": (("trtllm_gen_moe",), ()),
-    "experimental_sgl_trtllm": (("trtllm_gen_moe",), ()),
-    "flashinfer_mxfp4": (("trtllm_gen_moe",), ()),
-    "deep_gemm": (("deepgemm",), ()),
-    "marlin": (("marlin",), ()),
-    "experimental_sgl_marlin": (("marlin",), ()),
-}
 OWNED_SERVER_ARGS = ("--model-path", "--model", "--tp", "--tp-size", "--port", "--host", "--moe-runner-backend")
 PROFILE_ACTIVITIES = ["CUDA_PROFILER"]
 

@@ -37,7 +37,7 @@ def moe_families(names: list) -> tuple:
 
 
 def check_backend(run: dict | None, names: list) -> Finding:
-    from profattr.capture.sglang import BACKEND_FAMILIES
+    from profattr.engines.sglang import BACKEND_FAMILIES
 
     backend = get(run, "server_log", "resolved", "moe_runner_backend") or get(run, "backend", "sglang")
     if not backend:

@@ -114,7 +114,7 @@ def fresh_server_log(cap: Capture) -> dict | None:
     path = cap.run_path.parent / log
     if not path.is_file():
         return run
-    from profattr.capture import serverlog
+    from profattr.engines import serverlog
 
     evidence = serverlog.read_log(path)
     if not evidence:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from profattr.errors import ProfattrError
-from profattr.regexguard import compile_user
+from profattr.regexguard import compile_engine_pattern
 
 NVFP4, FP8, FP8_BLOCK, INT = "nvfp4", "fp8", "fp8_block", "int"
 MODELOPT_ALGOS = ("NVFP4", "W4A16_NVFP4", "FP8")  # W4A16_NVFP4: the same FP4 weights, BF16 activations
@@ -101,9 +101,10 @@ def _compiled(pattern: str) -> "re.Pattern[str]":
     """The regex of an ignore pattern: `re:REGEX` as written, else the fnmatch glob; either also matches the
     children of the module it names (`model.layers.0.mlp` covers `model.layers.0.mlp.down_proj`)."""
     if pattern.startswith("re:"):
-        core = compile_user(pattern[3:], "config.json quantization_config ignore").pattern
-    else:
-        core = re.sub(r"\\[Zz]$", "", fnmatch.translate(pattern))
+        where = "config.json quantization_config ignore"
+        compile_engine_pattern(pattern[3:], where)  # alone first: a bad pattern is named as written
+        return compile_engine_pattern(f"(?s:(?:{pattern[3:]}))(?:\\..*)?\\Z", where)
+    core = re.sub(r"\\[Zz]$", "", fnmatch.translate(pattern))
     return re.compile(f"(?s:(?:{core}))(?:\\..*)?\\Z")
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence
 
-from profattr.report.escape import md_escape, md_name
+from profattr.text import md_escape, md_name
 
 
 def _fmt_ms(value: Optional[float]) -> str:

@@ -6,7 +6,7 @@ import csv
 import io
 
 from profattr.attribute.precision import describe as precision_text
-from profattr.report.escape import md_escape, md_name
+from profattr.text import md_escape, md_name
 from profattr.report.shapes import short_kernel_line, shape_rows
 from profattr.text import clean_tree
 

@@ -15,7 +15,7 @@ from profattr.errors import ProfattrError
 from profattr.report.budget_view import exclusive_ms
 from profattr.report.charts import (IDLE_COLOR, OTHER_COLOR, PALETTE, _label_bars, _plt, _save, bar_label,
                                     chosen_categories, mark_mean_steps, safe_label)
-from profattr.report.escape import md_escape, md_name
+from profattr.text import md_escape, md_name
 
 CAMPAIGN_CHART = "campaign.png"
 REPORT_FILE = "report.md"

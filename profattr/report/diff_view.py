@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from profattr.attribute.confounds import describe
 from profattr.report.budget_view import layer_name
-from profattr.report.escape import md_escape, md_name
+from profattr.text import md_escape, md_name
 from profattr.text import clean_tree
 
 

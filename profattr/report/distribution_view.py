@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from profattr.report.charts import IDLE_COLOR, PALETTE, _plt, _save, safe_label
-from profattr.report.escape import md_escape
+from profattr.text import md_escape
 from profattr.report.md_table import _devices_label, _table
 
 NS_PER_MS = 1e6

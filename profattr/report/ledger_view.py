@@ -9,7 +9,7 @@ import csv
 import io
 
 from profattr.report import budget_view, diff_view
-from profattr.report.escape import md_escape
+from profattr.text import md_escape
 from profattr.text import clean_tree
 
 

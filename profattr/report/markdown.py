@@ -17,7 +17,7 @@ from profattr import __version__
 from profattr.report import why_slow
 from profattr.report.budget_view import category_table_md, decided_by_lines, layer_name, precision_markdown
 from profattr.report.campaign import campaign_section
-from profattr.report.escape import md_escape, md_name
+from profattr.text import md_escape, md_name
 from profattr.report.md_details import (  # noqa: F401  (evidence_lines, capture_header: for callers)
     STATUS_MARK, capture_header, evidence_lines, gap_section, lint_section, reproducibility_section)
 from profattr.report.md_diff import diff_explanation, diff_section  # noqa: F401  (diff_explanation: for callers)

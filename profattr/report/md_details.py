@@ -4,7 +4,7 @@ the hardware limit per capture (category floors, the waterfall table, assumption
 """
 from __future__ import annotations
 
-from profattr.report.escape import md_escape, md_name
+from profattr.text import md_escape, md_name
 from profattr.report.md_table import _pct, _table, code_block
 
 STATUS_MARK = {"pass": "pass", "warn": "**warn**", "fail": "**FAIL**", "skip": "skip"}

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from profattr.report import diff_view
 from profattr.report.bottlenecks import kernel_idle_sentence, split_delta
-from profattr.report.escape import md_escape, md_name
+from profattr.text import md_escape, md_name
 from profattr.report.md_table import _short
 
 

@@ -1,7 +1,7 @@
 """The report's "On the target" section: a `profattr.project/1` result (limits/project.py) as markdown."""
 from __future__ import annotations
 
-from profattr.report.escape import md_escape, md_name
+from profattr.text import md_escape, md_name
 
 
 def section(result) -> list:

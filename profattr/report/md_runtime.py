@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from profattr.report import host_gaps
 from profattr.report.bottlenecks import idle_reason
-from profattr.report.escape import md_escape, md_name
+from profattr.text import md_escape, md_name
 from profattr.report.md_table import _devices_label, _f, _pct, _table
 
 

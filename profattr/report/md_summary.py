@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from profattr.report.bottlenecks import ranks_diff
 from profattr.report.budget_view import category_share
-from profattr.report.escape import md_escape, md_name
+from profattr.text import md_escape, md_name
 from profattr.report.md_table import _devices_label, _multi_device, _pct, _table
 
 SUMMARY_CATEGORIES = 3  # the largest categories named in the Summary

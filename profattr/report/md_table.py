@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import re
 
-from profattr.report.escape import md_escape, md_name  # noqa: F401
+from profattr.text import md_escape, md_name  # noqa: F401
 
 NAME_WIDTH = 80
 

@@ -187,7 +187,7 @@ def timeline_section(data, out_dir) -> list:
     if not caps or out_dir is None:
         return []
     from profattr.outputs import atomic_path
-    from profattr.report.escape import md_escape
+    from profattr.text import md_escape
 
     groups = [(c.label, c.timeline) for c in caps]
     with atomic_path(Path(out_dir) / TIMELINE_CHART, force=True) as tmp:

@@ -1,7 +1,7 @@
 """Render the variance components (`profattr.variance/1`) for a person (table) or as markdown."""
 from __future__ import annotations
 
-from profattr.report.escape import md_escape
+from profattr.text import md_escape
 from profattr.text import clean_tree
 
 

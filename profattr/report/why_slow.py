@@ -14,7 +14,7 @@ from typing import Optional, Sequence
 from profattr.attribute.kernel_bounds import THRESHOLDS, analyse_drill, shape_key
 from profattr.errors import ProfattrError
 from profattr.limits import kernel_floor
-from profattr.report.escape import md_escape, md_name
+from profattr.text import md_escape, md_name
 from profattr.text import clean_tree
 from profattr.taxonomy.classify import load_rules
 from profattr.trace.ncu_csv import load_drill_run, read_ncu_csv

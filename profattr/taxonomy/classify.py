@@ -12,7 +12,7 @@ names with ``--rules``. A rules file holds::
     [[rule]]
     id = "cublas.nvjet.fp8"         # unique; a user rule with a shipped rule's id replaces it
     category = "gemm.fp8"           # a declared category id
-    pattern = '^nvjet_(sm\\d+_)?qq'  # Python regex, case-sensitive, re.search on the demangled name
+    pattern = '^nvjet_(sm\\d+_)?qq'  # regex (RE2 syntax in a user file), case-sensitive, searched in the demangled name
     family = "cublas_nvjet"         # kernel library/backend label, used for backend fingerprints
     source = "repo path or issue"   # where the name comes from
     evidence = "observed"           # observed | source | derived (user files may also say "user")
@@ -24,9 +24,10 @@ names with ``--rules``. A rules file holds::
     weight_dtype = "fp4"            # optional, GEMM rules: the precision of the weights the kernel reads
     math = "native FP4 tensor cores"  # optional, GEMM rules: how the math ran ("W4A16: unpacked to BF16 in the kernel")
 
-User patterns (``pattern`` and ``nvtx`` of files given with ``--rules``) are bounded when loaded: a pattern that
-backtracks catastrophically is refused with its file:line (profattr/regexguard.py). Kernel names and NVTX text are
-matched on their first ``regexguard.MAX_MATCH_CHARS`` (4096) characters.
+User patterns (``pattern`` and ``nvtx`` of files given with ``--rules``) are compiled by RE2, which matches in time
+linear in the name whatever the pattern; one RE2 cannot run (a backreference, lookaround) is refused with its
+file:line. The shipped patterns stay on Python ``re`` (some use lookaround): profattr/regexguard.py says why. Kernel
+names and NVTX text are matched on their first ``regexguard.MAX_MATCH_CHARS`` (4096) characters.
 
 Matching is deterministic, first match wins: user rules before shipped rules; within each, rules with an
 ``nvtx`` condition before plain rules; then by priority, file name and position in the file. Callers work
@@ -99,6 +100,7 @@ class Rule:
     weight_dtype: str = ""
     math: str = ""
     regex: "re.Pattern[str]" = field(repr=False, compare=False, default=None)  # type: ignore[assignment]
+    nvtx_regex: "re.Pattern[str] | None" = field(repr=False, compare=False, default=None)
 
 
 class RuleSet:
@@ -115,7 +117,14 @@ class RuleSet:
         self._context_patterns = list(dict.fromkeys(
             [r.nvtx for r in self.rules if r.nvtx is not None]
             + [c.pattern for c in self.context_rules if c.kind == "nvtx_module"]))
-        self._context_regexes = [(p, re.compile(p)) for p in self._context_patterns]
+        compiled: dict = {}  # pattern -> its regex as its file compiled it (a user's on RE2)
+        for r in self.rules:
+            if r.nvtx is not None and r.nvtx_regex is not None:
+                compiled.setdefault(r.nvtx, r.nvtx_regex)
+        for c in self.context_rules:
+            if c.kind == "nvtx_module" and c.regex is not None:
+                compiled.setdefault(c.pattern, c.regex)
+        self._context_regexes = [(p, compiled.get(p) or re.compile(p)) for p in self._context_patterns]
         self._cache: dict[tuple, Optional[Rule]] = {}
         self._decisions: dict[tuple, ctxrules.Decision] = {}
 
@@ -123,6 +132,11 @@ class RuleSet:
     def context_patterns(self) -> list[str]:
         """Distinct NVTX regexes: the ``nvtx`` conditions of the rules, then the nvtx_module context rules'."""
         return list(self._context_patterns)
+
+    @property
+    def context_regexes(self) -> list:
+        """The compiled context_patterns, in the same order (a user's on RE2, the shipped ones on re)."""
+        return [rx for _, rx in self._context_regexes]
 
     @property
     def torch_op_rules(self) -> list:
@@ -459,24 +473,22 @@ def _build_rule(raw: _RawRule, categories: dict[str, Category]) -> Rule:
 
     regex = _compile(table["pattern"], where("pattern"), label, "pattern", raw.user)
     nvtx = table.get("nvtx")
+    nvtx_regex = None
     if nvtx is not None:
         if not nvtx:
             raise ProfattrError(f"{where('nvtx')}: {label}: 'nvtx' must be a non-empty regex when present")
-        _compile(nvtx, where("nvtx"), label, "nvtx", raw.user)
+        nvtx_regex = _compile(nvtx, where("nvtx"), label, "nvtx", raw.user)
     return Rule(id=rid, category=category, pattern=table["pattern"], family=table.get("family", "user"),
                 source=table.get("source", ""), evidence=evidence, nvtx=nvtx, priority=priority,
                 origin=raw.origin, user=raw.user, note=table.get("note", ""), strength=strength,
-                weight_dtype=table.get("weight_dtype", ""), math=table.get("math", ""), regex=regex)
+                weight_dtype=table.get("weight_dtype", ""), math=table.get("math", ""), regex=regex,
+                nvtx_regex=nvtx_regex)
 
 
 def _compile(pattern: str, where: str, label: str, key: str, user: bool = False) -> "re.Pattern[str]":
+    """A user file's pattern on RE2 (regexguard.compile_user), a shipped one on Python re."""
     if user:
-        try:
-            re.compile(pattern)
-        except (re.error, RecursionError, OverflowError, ValueError):
-            pass  # said below, as for a shipped rule
-        else:
-            return compile_user(pattern, f"{where}: {label}: '{key}'")
+        return compile_user(pattern, f"{where}: {label}: '{key}'")
     try:
         return re.compile(pattern)
     except re.error as exc:

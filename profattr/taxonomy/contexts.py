@@ -11,7 +11,8 @@ range around the node's capture). Context rules are data, TOML files in ``profat
     id = "nvtx.moe_experts"
     kind = "nvtx_module"             # nvtx_module (NVTX range text), torch_op (the launching torch operator) or
                                      # python_frame (a frame of the launch's Python stack, torch traces with_stack)
-    pattern = '\\.mlp\\.experts\\b'  # Python regex, re.search on the range text or the operator name
+    pattern = '\\.mlp\\.experts\\b'  # regex searched in the range text or the operator name (a user
+                                     # file's on RE2, the shipped ones on Python re: regexguard.py)
     category = "moe.permute"         # the category of a kernel that no name rule covers here
     strength = "strong"              # strong (default) or weak
     priority = 200                   # lower is checked first (default 500); more specific contexts first

@@ -132,7 +132,7 @@ def link(launch_key: np.ndarray, start: np.ndarray, graph_node: np.ndarray, laun
 def graph_ids(export, launch_key: np.ndarray, start: np.ndarray, graph_node: np.ndarray) -> np.ndarray | None:
     """The kernel table's graphId of each op (-1 where it has none), when the export has that column (nsys 2025+);
     matched by (process, start, graph node), which one replay never repeats."""
-    from profattr.trace.reader import KERNEL, load_query
+    from profattr.trace.nsys_sqlite import KERNEL, load_query
 
     if not export.has(KERNEL) or "graphId" not in export.columns(KERNEL):
         return None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from profattr.trace.reader import Export, load_query
+from profattr.trace.nsys_sqlite import NsysTables, load_query
 
 SAMPLES = "COMPOSITE_EVENTS"
 CALLCHAINS = "SAMPLING_CALLCHAINS"
@@ -19,11 +19,11 @@ CALLCHAIN_COLUMNS = {"id", "symbol", "module", "stackDepth"}
 KEYS = ("tid", "start", "leaf_symbol", "leaf_module", "py_symbol", "py_module")
 
 
-def has_samples(export: Export) -> bool:
+def has_samples(export: NsysTables) -> bool:
     return (SAMPLE_COLUMNS <= export.columns(SAMPLES)) and (CALLCHAIN_COLUMNS <= export.columns(CALLCHAINS))
 
 
-def cpu_samples(export: Export) -> dict | None:
+def cpu_samples(export: NsysTables) -> dict | None:
     """Arrays tid, start, leaf_symbol, leaf_module, py_symbol, py_module (StringIds ids; -1 where the sample has no
     such frame), one entry per sample in id order; None without sampling tables."""
     if not has_samples(export):
@@ -42,7 +42,7 @@ def cpu_samples(export: Export) -> dict | None:
             "py_symbol": py_symbol, "py_module": py_module}
 
 
-def sampling_period_ns(export: Export) -> float | None:
+def sampling_period_ns(export: NsysTables) -> float | None:
     """The CPU sampling period in ns when the capture says it (a CPU-clock trigger); None otherwise."""
     if not {"name", "value"} <= export.columns("META_DATA_CAPTURE"):
         return None

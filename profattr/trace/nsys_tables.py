@@ -10,14 +10,15 @@ import pandas as pd
 
 from profattr.errors import ProfattrError
 from profattr.trace.ops import KIND_KERNEL, KIND_MEMCPY, KIND_MEMSET, LOW32, Ops
-from profattr.trace.reader import KERNEL, MEMCPY, MEMSET, NVTX, RUNTIME, DamagedValues, Export, load_query
+from profattr.trace.nsys_sqlite import (KERNEL, MEMCPY, MEMSET, NVTX, RUNTIME, DamagedValues, NsysTables,
+                                        load_query)
 
 
 SHAPE_COLUMNS = {"grid_x": "gridX", "grid_y": "gridY", "grid_z": "gridZ", "block_x": "blockX", "block_y": "blockY",
                  "block_z": "blockZ", "registers": "registersPerThread"}
 
 
-def _optional(export: Export, table: str, alias: str) -> dict:
+def _optional(export: NsysTables, table: str, alias: str) -> dict:
     out = {"graph_node_id": f"COALESCE({export.column_or(table, 'graphNodeId', alias, '-1')}, -1)",
            "stream_id": f"COALESCE({export.column_or(table, 'streamId', alias, '0')}, 0)"}
     # the launch shape (kernels only): -1 makes the packed value -1 when the export lacks a column
@@ -28,7 +29,7 @@ def _optional(export: Export, table: str, alias: str) -> dict:
 PACKED_COLS = ["start", "end", "device", "packed", "launch_key", "graph_node", "grid", "block"]
 
 
-def load_ops(export: Export, include_memory: bool = True) -> Ops:
+def load_ops(export: NsysTables, include_memory: bool = True) -> Ops:
     """All GPU activities with their launch calls joined. Raises when the export has no kernel data."""
     if not export.has(KERNEL):
         hint = ("nsys recorded no CUDA kernels: capture with `--trace=cuda` (and `--cuda-graph-trace=node` so "
@@ -73,7 +74,7 @@ def load_ops(export: Export, include_memory: bool = True) -> Ops:
     return ops
 
 
-def link_replays(export: Export, ops: Ops) -> None:
+def link_replays(export: NsysTables, ops: Ops) -> None:
     """Replayed graph nodes without a correlationId, linked to their cudaGraphLaunch (trace/graph_replays.py); what
     was linked is kept on the export's claims (`replay_links`) for the budget's warning and `check`."""
     from profattr.trace import graph_replays
@@ -85,7 +86,7 @@ def link_replays(export: Export, ops: Ops) -> None:
     note_replay_links(export, stats)
 
 
-def note_replay_links(export: Export, stats) -> None:
+def note_replay_links(export: NsysTables, stats) -> None:
     from profattr.errors import warn
 
     if stats is None or export.claims is None:
@@ -95,7 +96,7 @@ def note_replay_links(export: Export, stats) -> None:
         warn(f"{export.path}: {stats.sentence()}; `profattr check` names them")
 
 
-def _short_names(export: Export, demangled_id: np.ndarray) -> np.ndarray:
+def _short_names(export: NsysTables, demangled_id: np.ndarray) -> np.ndarray:
     """Short-name id per op, from the (demangled, short) pairs of the kernel table (few distinct names)."""
     pairs = np.array(export.query(load_query("kernel_names")), dtype=np.int64).reshape(-1, 2)
     out = demangled_id.copy()  # int32
@@ -108,7 +109,7 @@ def _short_names(export: Export, demangled_id: np.ndarray) -> np.ndarray:
     return out
 
 
-def _join_launches(export: Export, op_key: np.ndarray):
+def _join_launches(export: NsysTables, op_key: np.ndarray):
     """For each activity, the thread and start time of its launch call (-1 when absent) and whether one was found,
     by a sorted-key join.
 
@@ -157,12 +158,12 @@ def empty_ranges() -> pd.DataFrame:
     return pd.DataFrame({k: pd.Series([], dtype=v) for k, v in EMPTY_RANGES.items()})
 
 
-def load_ranges(export: Export) -> pd.DataFrame:
+def load_ranges(export: NsysTables) -> pd.DataFrame:
     """Closed push/pop and start/end ranges: start, end, tid, text, domain (name or '')."""
     return ranges_frame(*range_rows(export))
 
 
-def range_rows(export: Export):
+def range_rows(export: NsysTables):
     """(rows of start, end, tid, text, domain id; {(domain id, process bits): domain name}) of the closed ranges."""
     if not export.has(NVTX):
         return [], {}
@@ -201,7 +202,7 @@ def with_domains(frame: pd.DataFrame, domains: dict) -> pd.DataFrame:
     return frame.drop(columns="domain_id")
 
 
-def graph_launches(export: Export) -> dict | None:
+def graph_launches(export: NsysTables) -> dict | None:
     """cudaGraphLaunch calls as arrays start, end, tid, correlation (time order per thread); None without any."""
     if not export.has(RUNTIME):
         return None
@@ -212,7 +213,7 @@ def graph_launches(export: Export) -> dict | None:
 NODE_TABLES = ("CUDA_GRAPH_NODE_EVENTS", "CUDA_GRAPH_EVENTS")  # the table was renamed in 2024.x exports
 
 
-def node_creation(export: Export) -> dict | None:
+def node_creation(export: NsysTables) -> dict | None:
     """Arrays (node, original, start, tid) of node-creation events, sorted by node id; None when absent."""
     for table in NODE_TABLES:
         if export.has(table) and {"graphNodeId", "originalGraphNodeId"} <= export.columns(table):

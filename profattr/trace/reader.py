@@ -17,28 +17,12 @@ import numpy as np
 from profattr import inputs
 from profattr.inputs import run_json_path  # noqa: F401 (NAME.run.json: inputs.py)
 from profattr.errors import ProfattrError
+# the table names, queries/ and DamagedValues live in nsys_sqlite.py (below the table readers); importable here too
+from profattr.trace.nsys_sqlite import (KERNEL, MEMCPY, MEMSET, NVTX, QUERIES_DIR, RUNTIME,  # noqa: F401
+                                        DamagedValues, load_query)
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
-KERNEL = "CUPTI_ACTIVITY_KIND_KERNEL"
-RUNTIME = "CUPTI_ACTIVITY_KIND_RUNTIME"
-MEMCPY = "CUPTI_ACTIVITY_KIND_MEMCPY"
-MEMSET = "CUPTI_ACTIVITY_KIND_MEMSET"
-NVTX = "NVTX_EVENTS"
 CHUNK_ROWS = 65536  # rows fetched per step: bounds the Python objects alive at once
-QUERIES_DIR = Path(__file__).resolve().parent.parent / "queries"
-
-
-def load_query(name: str, **fragments: str) -> str:
-    """The SQL text of `queries/<name>.sql`, with `{fragment}` placeholders filled (for optional columns)."""
-    path = QUERIES_DIR / f"{name}.sql"
-    text = path.read_text()
-    return text.format(**fragments) if fragments else text
-
-
-class DamagedValues(ProfattrError):
-    """A query met a value its integer columns cannot hold (NULL, text, a number beyond 64 bits)."""
-
-
 @dataclass
 class Export:
     """A read-only view of one nsys SQLite export, and the reader interface every capture format offers:
