@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import re
 from pathlib import Path
 
 from profattr.errors import ProfattrError
@@ -108,12 +109,19 @@ def read_text(path, what: str = "a text file") -> str:
         raise ProfattrError(f"{p}: cannot read it ({exc.strerror or exc})") from None
 
 
+_TORCH_TRACE_NAME = re.compile(r"(-TP-\d+(-[A-Z]+-\d+)*)?(\.trace)?\.json(\.gz)?$")
+
+
 def run_json_path(capture) -> Path:
-    """NAME.run.json beside NAME.sqlite / NAME.nsys-rep / NAME.qdstrm (written by `profattr capture`)."""
+    """NAME.run.json beside NAME.sqlite / NAME.nsys-rep / NAME.qdstrm, or beside the torch-profiler traces SGLang
+    writes for a window NAME (NAME-TP-<rank>.trace.json.gz, as `profattr capture --profiler torch` and `capture
+    --server` name them)."""
     capture = Path(capture)
     name = capture.name
     for suffix in (".sqlite", ".nsys-rep", ".qdstrm"):
         if name.endswith(suffix):
             name = name[: -len(suffix)]
             break
+    else:
+        name = _TORCH_TRACE_NAME.sub("", name) or name
     return capture.with_name(name + ".run.json")

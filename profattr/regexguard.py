@@ -28,14 +28,20 @@ import warnings
 
 import numpy as np
 import pandas as pd
-import re2
 
 from profattr.errors import ProfattrError
 
+try:
+    import re2
+except ImportError:  # a broken install: said once, when a user pattern is compiled
+    re2 = None
+
 MAX_MATCH_CHARS = 4096  # kernel names and NVTX text are matched on their first this many characters
 _SURROGATE = re.compile("[\ud800-\udfff]")  # not UTF-8: RE2 cannot take it; U+FFFD, one for one, keeps offsets
-_OPTIONS = re2.Options()
-_OPTIONS.log_errors = False  # the reason comes back in the exception; RE2 would also print it to stderr
+_OPTIONS = None
+if re2 is not None:
+    _OPTIONS = re2.Options()
+    _OPTIONS.log_errors = False  # the reason comes back in the exception; RE2 would also print it to stderr
 
 
 def capped(text) -> str:
@@ -140,6 +146,10 @@ def compile_user(pattern: str, where: str) -> UserRegex:
     when it is not a regex at all, or uses what RE2 cannot run."""
     if not isinstance(pattern, str):
         raise ProfattrError(f"{where}: a regex must be a string, got {pattern!r}")
+    if re2 is None:
+        raise ProfattrError(f"{where}: user patterns run on RE2, and google-re2 is not installed in this Python; "
+                            "install it (python3 -m pip install google-re2) or reinstall profattr with its "
+                            "dependencies")
     try:
         return UserRegex(re2.compile(_python_spellings_as_re2(pattern), _OPTIONS), pattern)
     except re2.error as exc:

@@ -70,7 +70,10 @@ def compare_runs(a: Optional[dict], b: Optional[dict]) -> List[Dict[str, Any]]:
     # flag whose change the line already shows under SGLang's own name is not said twice
     shown = {(args_a.get(k), args_b.get(k)) for k in requested}
     flags_a, flags_b = raw_flags(a), raw_flags(b)
-    for key in sorted(set(flags_a) | set(flags_b)):
+    # an attached server (capture --server) has no command line of profattr's: its settings are the server info's
+    # server_args, compared above; an absent flag there is unknown, not off
+    both = bool(flags_a) and bool(flags_b)
+    for key in sorted(set(flags_a) | set(flags_b)) if both else ():
         va, vb = flags_a.get(key, False), flags_b.get(key, False)
         if key in args_a or key in args_b or key in IGNORED_SERVER_ARGS or va == vb or (va, vb) in shown:
             continue
