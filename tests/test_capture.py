@@ -543,3 +543,17 @@ def test_stub_torch_profiler_windows_write_traces_that_read(tmp_path, tp):
         assert findings["kernels"]["data"]["kernels"] == SGL["steps"] * tp
         assert findings["devices"]["status"] == "pass"
     assert not list(tmp_path.glob("*.nsys-rep")) and not list(tmp_path.glob("*.qdstrm"))
+
+
+def test_log_tail_shows_a_redrawn_progress_bar_once(tmp_path):
+    """nsys redraws "Processing N events: [...]" with carriage returns after a target died: the tail shows its last
+    drawing as one line, so the server's own last lines stay in it."""
+    from profattr.capture.proc import log_tail
+
+    log = tmp_path / "x.log"
+    bar = "".join(f"\rProcessing 12518 events: [{'=' * (i // 2)}{i}%]" for i in range(101))
+    log.write_bytes(b"server: Scheduler hit an exception: CUDA error (simulated)\n" + bar.encode() + b"\nGenerated x.nsys-rep\n")
+    tail = log_tail(log, lines=3)
+    assert tail[0] == "server: Scheduler hit an exception: CUDA error (simulated)"
+    assert tail[1].startswith("Processing 12518 events:") and tail[1].endswith("100%]")
+    assert tail[2] == "Generated x.nsys-rep"

@@ -140,10 +140,16 @@ def wait_exit(proc: subprocess.Popen, timeout_s: float, on_tick=None, tick_s: fl
 
 
 def log_tail(path, lines: int = 20) -> list:
-    """The last `lines` non-empty lines of a log (progress bars drawn with carriage returns become lines)."""
+    """The last `lines` non-empty lines of a log, each as a terminal would show it: a progress bar redrawn with
+    carriage returns (nsys's "Processing N events: [...]") is its last drawing, one line, so it cannot push the lines
+    a dying server wrote before it out of the tail."""
     try:
         data = Path(path).read_bytes()[-64 * 1024:]
     except OSError:
         return []
-    text = data.decode(errors="replace").replace("\r", "\n")
-    return [ln.rstrip() for ln in text.splitlines() if ln.strip()][-lines:]
+    out = []
+    for line in data.decode(errors="replace").split("\n"):
+        shown = [part for part in line.split("\r") if part.strip()]
+        if shown:
+            out.append(shown[-1].rstrip())
+    return out[-lines:]
