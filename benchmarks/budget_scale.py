@@ -3,7 +3,7 @@ SQLite's own aggregate scan of the same columns measured in the same run, at sev
 One script, one run.
 
     python benchmarks/budget_scale.py CAPTURE.sqlite [--sizes 0.3e6,3e6,30e6] [--workdir DIR] [--nsys PATH]
-                                      [--markdown benchmarks/RESULTS.md] [--timeout 600]
+                                      [--markdown benchmarks/RESULTS.md] [--timeout 600] [--before CHECKOUT]
 
 1. Scale a real capture: repeat its GPU activity, launch calls and NVTX ranges shifted in time (and in
    correlationId, keeping every kernel linked to its launch and NVTX nesting valid) until it holds about
@@ -16,7 +16,8 @@ One script, one run.
      numpy arrays, side by side: sqlite3 (fetchmany + numpy.fromiter), Arrow through ADBC's SQLite driver, DuckDB's
      sqlite scanner (when its extension loads without a network: duckdb==1.4.4 + duckdb-ext-sqlite from PyPI);
    - `profattr budget` cold (empty budget cache: reads SQLite, fills the cache), warm (from the cache), and with
-     --no-cache; `profattr diff` of the file against itself, cold and warm;
+     --no-cache; `profattr diff` of the file against itself, cold and warm; `profattr report` over three copies of
+     the file (three cold budgets) and `profattr ledger add` into a new ledger, both cold;
    - nsys's `cuda_gpu_kern_sum` and `nvtx_gpu_proj_sum` (`nsys stats`, with --nsys), and `nsys-ai summary` when
      installed (on a hard link in its own folder: it writes its cache beside the file it reads).
 3. Print, per size: wall time and peak memory of each tool as ratios to T. Peak memory is the largest RSS of any
@@ -292,11 +293,34 @@ def tools_for(big: Path, work: Path, args, cache: Path) -> list:
              ("fetch: adbc (Arrow)", [py, "-c", FETCH, str(big), "adbc"], {}, None)]
     if subprocess.run([py, "-c", DUCKDB_PROBE], capture_output=True).returncode == 0:
         tools.append(("fetch: duckdb sqlite_scan", [py, "-c", FETCH, str(big), "duckdb"], {}, None))
+    # three captures of the same size (copies: distinct files, so three cache entries and three cold budgets)
+    copies = [work / f"copy{i}-{big.name}" for i in (1, 2, 3)]
+    report = [py, "-m", "profattr", "report", *map(str, copies), "--output", str(work / "report")]
+    ledger = [py, "-m", "profattr", "ledger", "add", str(big), "--ledger", str(work / "ledger.db")]
+
+    def three_copies():
+        clear()
+        shutil.rmtree(work / "report", ignore_errors=True)
+        for c in copies:
+            if not c.exists():
+                shutil.copyfile(big, c)
+
+    def fresh_ledger():
+        clear()
+        (work / "ledger.db").unlink(missing_ok=True)
     tools += [("profattr budget cold", budget, env, clear),
               ("profattr budget warm", budget, env, None),
               ("profattr budget --no-cache", budget + ["--no-cache"], env, None),
               ("profattr diff self cold", diff, env, clear),
-              ("profattr diff self warm", diff, env, None)]
+              ("profattr diff self warm", diff, env, None),
+              ("profattr report 3 captures cold", report, env, three_copies),
+              ("profattr ledger add cold", ledger, env, fresh_ledger)]
+    if args.before:  # the same budgets with another checkout of profattr (the code before a change), same run
+        before_cache = work / "cache-before"
+        before_env = {"PROFATTR_CACHE": str(before_cache), "PYTHONPATH": str(Path(args.before).resolve())}
+        tools += [("before: profattr budget cold", budget, before_env,
+                   lambda: shutil.rmtree(before_cache, ignore_errors=True)),
+                  ("before: profattr budget warm", budget, before_env, None)]
     if args.nsys:
         for report in ("cuda_gpu_kern_sum", "nvtx_gpu_proj_sum"):
             tools.append((f"nsys {report}", [args.nsys, "stats", "-q", "--report", report, "--format", "csv",
@@ -322,6 +346,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=2, help="runs per tool at sizes under 10M kernels; the fastest "
                                                           "is kept (one run above)")
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per run before a tool counts as timed out")
+    ap.add_argument("--before", help="also time budget cold and warm with the profattr of this checkout (the code "
+                                     "before a change), in the same run")
     ap.add_argument("--markdown", help="also write the table into this file")
     ap.add_argument("--keep", action="store_true", help="keep the scaled captures")
     ap.add_argument("--only", help="run only the tools whose name matches this regular expression (and T)")
@@ -371,7 +397,12 @@ def main() -> None:
             for label, t in profiles[size]:
                 print(f"  {size:>11,} profile {label:<60} {t:.2f} s", flush=True)
         shutil.rmtree(work / "cache", ignore_errors=True)
+        shutil.rmtree(work / "cache-before", ignore_errors=True)
         shutil.rmtree(work / "nsys-ai", ignore_errors=True)
+        shutil.rmtree(work / "report", ignore_errors=True)
+        (work / "ledger.db").unlink(missing_ok=True)
+        for copy in work.glob(f"copy?-{big.name}"):
+            copy.unlink()
         if not args.keep:
             big.unlink(missing_ok=True)
     text = render(all_results, rows_of, Path(args.capture).name, sizes, profiles)

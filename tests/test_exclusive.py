@@ -161,6 +161,19 @@ def test_exclusive_split_on_every_other_capture(name, export_example):
     check_capture(path, cte, params, compute_budget(path))
 
 
+@pytest.mark.parametrize("name", ["glm5/glm-triton-bs4-r1", "wl-graph-grouped-tp2"])
+def test_rounding_a_few_rows_at_a_time_matches_the_sweep(name, export_example, monkeypatch):
+    """Exclusive.finish rounds runs of whole steps (a long capture's millions of rows are not rounded at once):
+    with runs of 3 rows (most steps cut their own runs, some runs hold one step alone) the split still matches the
+    sweep written here."""
+    from profattr.attribute import exclusive
+
+    monkeypatch.setattr(exclusive, "ROUND_ROWS", 3)
+    path = export_example(name)
+    cte, params = step_cte(name, path)
+    check_capture(path, cte, params, compute_budget(path))
+
+
 def test_bs4_second_stream_overlaps_the_dense_fp8_gemm(export_example):
     """At batch 4 the shared expert runs on a second stream: part of the dense FP8 GEMM's time is overlapped, and
     its exclusive time is what the step pays for it (SQL: kernels on two streams at once exist)."""

@@ -46,6 +46,18 @@ def group_rows(*cols):
     return rows, group.astype(np.int64)
 
 
+def group_pairs(device: np.ndarray, step: np.ndarray):
+    """group_rows(device, step), hashing one packed key instead of three columns when both fit 31 bits and are
+    not negative (the budget's devices and steps); the same rows and group indices."""
+    n = len(device)
+    if n == 0 or min(int(device.min()), int(step.min())) < 0 or max(int(device.max()), int(step.max())) > 0x7FFFFFFF:
+        return group_rows(device, step)
+    key = (device.astype(np.int64) << 32) | step.astype(np.int64)
+    group, keys = pd.factorize(key, sort=True)  # packed keys sort as (device, step) rows do
+    rows = np.stack([keys >> 32, keys & 0xFFFFFFFF], axis=1).astype(np.int64)
+    return rows, group.astype(np.int64)
+
+
 # per combination: what it is and what decided it (taxonomy/contexts.py Decision: evidence, rule, context, conflict)
 COMBO_COLUMNS = ["name", "demangled", "category", "family", "evidence", "rule", "context", "conflict"]
 
@@ -186,7 +198,7 @@ class StepTotals:
         dev, stp, start, end = ops.device[sel], step[sel], ops.start[sel], ops.end[sel]
         reg = combo[sel]
         dur = end - start
-        local_pairs, group = group_rows(dev, stp)
+        local_pairs, group = group_pairs(dev, stp)
         gid = self.pairs.ids(local_pairs)
         n_groups = len(local_pairs)
         self._spans_and_busy(gid, group, start, end, n_groups)
@@ -309,10 +321,12 @@ class StepTotals:
         """device, step, category, exclusive_ns: each step's busy time split among its categories (exclusive.py),
         sorted by (device, step, category); a step's rows add up to its busy_ns."""
         names = list(self.cat_ids)
-        tie = np.argsort(np.argsort(np.array(names, dtype=object), kind="stable"), kind="stable")
+        tie = np.argsort(np.argsort(np.array(names, dtype=object), kind="stable"), kind="stable")  # rank by name
         gid, cat, ns = self.exclusive.finish(len(names), tie)
-        out = exclusive_frame(self.pairs.device, self.pairs.step, gid, cat, ns, names)
-        return out.sort_values(["device", "step", "category"], kind="stable").reset_index(drop=True)
+        # sorted as integers (device, step, the category's rank by name) before the frame is made: sorting the frame
+        # by its text column held several copies of a table of millions of rows on a long capture
+        order = np.lexsort((tie[cat], self.pairs.step[gid], self.pairs.device[gid])) if len(gid) else gid
+        return exclusive_frame(self.pairs.device, self.pairs.step, gid[order], cat[order], ns[order], names)
     def _per_combo(self, final: np.ndarray) -> pd.DataFrame:
         """device, combo, grid, block, gemm, ns, count: one row per (device, final combination, launch shape)."""
         parts = self.combo_parts

@@ -154,14 +154,17 @@ class ContextTexts:
         """One window: ``combo_ids`` per op; ``evidence`` / ``conflict`` per combo id (indexable arrays)."""
         if not len(ops):
             return
-        ev = np.asarray(evidence, dtype=object)[combo_ids]
-        conf = np.asarray(conflict, dtype=object)[combo_ids]
+        # decided per combination (a few hundred), then looked up per op: not a string test per op
+        ev = np.asarray(evidence, dtype=object)
+        conf = np.asarray(conflict, dtype=object)
+        by_module = ev == "context:nvtx_module"
+        unsure = (ev == "none") | np.array([str(e).startswith("context:") for e in ev], dtype=bool) | (conf != "")
         ns = (ops.end - ops.start).astype(np.int64)
         if status is not None:
-            replayed = inside & np.isin(status, (STATUS_CREATION, STATUS_MAPPING)) & (ev == "context:nvtx_module")
+            replayed = inside & np.isin(status, (STATUS_CREATION, STATUS_MAPPING)) & by_module[combo_ids]
             for (device, cid), v in _sums(ops.device[replayed], combo_ids[replayed], ns[replayed]).items():
                 self.replay_ns[(device, cid)] += v
-        listed = inside & ((ev == "none") | np.char.startswith(ev.astype(str), "context:") | (conf != ""))
+        listed = inside & unsure[combo_ids]
         idx = np.flatnonzero(listed)
         if not len(idx):
             return

@@ -60,9 +60,18 @@ def device_distributions(d_steps: pd.DataFrame, d_exclusive: pd.DataFrame | None
 
 
 def per_step_table(frame: pd.DataFrame, key: str, steps: np.ndarray, value: str = "ns") -> pd.DataFrame:
-    """`value` per (step, `key`) as a steps x keys table in the order of `steps`, 0 where a key did not run."""
-    table = frame.pivot_table(index="step", columns=key, values=value, aggfunc="sum", fill_value=0)
-    return table.reindex(steps, fill_value=0)
+    """`value` per (step, `key`) as a steps x keys table in the order of `steps` (keys sorted), 0 where a key did
+    not run: the table of a pivot (sum) reindexed by `steps`, summed into one integer matrix (a pivot of a long
+    capture's millions of rows holds several copies of them)."""
+    codes, keys = pd.factorize(frame[key], sort=True)
+    steps = np.asarray(steps, dtype=np.int64)
+    order = np.argsort(steps, kind="stable")
+    at = np.searchsorted(steps[order], frame["step"].to_numpy(np.int64))
+    known = at < len(steps)
+    known[known] = steps[order][at[known]] == frame["step"].to_numpy(np.int64)[known]
+    matrix = np.zeros((len(steps), len(keys)), dtype=np.int64)
+    np.add.at(matrix, (order[at[known]], codes[known]), frame[value].to_numpy(np.int64)[known])
+    return pd.DataFrame(matrix, index=pd.Index(steps, name="step"), columns=pd.Index(keys, name=key))
 
 
 def kernel_distributions(budget, top: int = TOP_KERNELS) -> None:

@@ -26,6 +26,7 @@ import pandas as pd
 from profattr.attribute.ns_sums import checked_ns
 
 _EMPTY = np.zeros(0, dtype=np.int64)
+ROUND_ROWS = 1 << 18  # (pair, category, k) rows rounded at once (Exclusive.finish)
 
 
 def merge_segments(key: np.ndarray, start: np.ndarray, end: np.ndarray):
@@ -190,7 +191,20 @@ class Exclusive:
         if not self.parts:
             return _EMPTY, _EMPTY, _EMPTY
         g, c, k, ns = sum_rows(*(np.concatenate([p[i] for p in self.parts]) for i in range(4)))
-        return round_shares(g, c, k, ns, tie)
+        # rounded a run of whole pairs at a time (each pair's rounding is its own): the rounding's temporaries are
+        # then a run's, not those of every step and category of a long capture
+        out, lo = [], 0
+        while lo < len(g):
+            hi = min(lo + ROUND_ROWS, len(g))
+            if hi < len(g):  # end the run where a pair ends
+                hi = int(np.searchsorted(g, g[hi], side="left"))
+                if hi <= lo:
+                    hi = int(np.searchsorted(g, g[lo], side="right"))
+            out.append(round_shares(g[lo:hi], c[lo:hi], k[lo:hi], ns[lo:hi], tie))
+            lo = hi
+        if not out:
+            return _EMPTY, _EMPTY, _EMPTY
+        return tuple(np.concatenate([part[i] for part in out]) for i in range(3))
 
 
 def round_shares(g, c, k, ns, tie=None):

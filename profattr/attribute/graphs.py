@@ -14,8 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 
-from profattr.attribute.nvtx import Ranges, enclosed
+from profattr.attribute.nvtx import Ranges, distinct_points, enclosed
 from profattr.trace.ops import Ops
 
 # How an op's NVTX context point was found (Placement.status)
@@ -42,10 +43,11 @@ def _creation_points(source, ops: Ops):
         return tid, t_ns, found, (f"launch (graph node creation not recorded: {len(graph_ops)} replayed ops only "
                                   "see the ranges around cudaGraphLaunch)")
     tid, t_ns = tid.copy(), t_ns.copy()
-    node = ops.graph_node[graph_ops]
-    placed = np.zeros(len(graph_ops), dtype=bool)
-    found_start = np.full(len(graph_ops), -1, dtype=np.int64)
-    found_tid = np.full(len(graph_ops), -1, dtype=np.int64)
+    # every replay of a graph repeats its node ids: the chain is followed once per distinct node, then spread
+    codes, node = pd.factorize(ops.graph_node[graph_ops])
+    placed = np.zeros(len(node), dtype=bool)
+    found_start = np.full(len(node), -1, dtype=np.int64)
+    found_tid = np.full(len(node), -1, dtype=np.int64)
     current = node
     for _ in range(MAX_HOPS):
         pos = np.searchsorted(ev["node"], current)
@@ -63,6 +65,7 @@ def _creation_points(source, ops: Ops):
         current = np.where(nxt >= 0, nxt, current)
         # stop following ops whose chain ended
         current = np.where(hit & (nxt >= 0), current, -2)
+    placed, found_start, found_tid = placed[codes], found_start[codes], found_tid[codes]
     tid[graph_ops[placed]] = found_tid[placed]
     t_ns[graph_ops[placed]] = found_start[placed]
     found[graph_ops[placed]] = True
@@ -145,8 +148,9 @@ def place_contexts(source, ops: Ops, ranges: Ranges) -> Placement:
     inside = np.zeros(len(ops), dtype=bool)
     if len(frame) and found.any():
         idx = np.flatnonzero(found)
+        point_tid, point_ns, point = distinct_points(tid[idx], t_ns[idx])  # replays share their creation point
         inside[idx] = enclosed(frame["tid"].to_numpy(), frame["start"].to_numpy(), frame["end"].to_numpy(),
-                               tid[idx], t_ns[idx])
+                               point_tid, point_ns)[point]
     status[graph] = np.where(inside[graph], STATUS_CREATION, STATUS_UNPLACED)
     counts.found, counts.inside = int(found.sum()), int(inside.sum())
     if counts.found and counts.inside < counts.found:

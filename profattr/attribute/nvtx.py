@@ -43,6 +43,19 @@ def load_ranges(source) -> Ranges:
     return Ranges(source.ranges())
 
 
+def distinct_points(tid: np.ndarray, t_ns: np.ndarray):
+    """(tid, t_ns) of the distinct points among the given ones, and each given point's index into them: the replays
+    of one CUDA graph share their nodes' capture-time points, so a question asked of every point (enclosed,
+    innermost) is asked once per distinct point and spread with the index."""
+    if len(t_ns) == 0:
+        return tid, t_ns, np.zeros(0, dtype=np.int64)
+    t_codes, t_uniq = pd.factorize(t_ns)
+    d_codes, d_uniq = pd.factorize(tid)
+    width = len(d_uniq)
+    index, keys = pd.factorize(t_codes.astype(np.int64) * width + d_codes)
+    return np.asarray(d_uniq)[keys % width], np.asarray(t_uniq)[keys // width], index.astype(np.int64)
+
+
 def enclosed(range_tid: np.ndarray, range_start: np.ndarray, range_end: np.ndarray,
              tid: np.ndarray, t_ns: np.ndarray) -> np.ndarray:
     """Boolean per query point: is (tid, t_ns) inside at least one of the given ranges of the same thread?

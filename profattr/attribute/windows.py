@@ -13,7 +13,7 @@ from profattr.attribute.comm import collective_split
 from profattr.attribute.gemm_dims import LinearRanges
 from profattr.attribute.context import ContextTexts
 from profattr.attribute.graphs import PlacementCounts, place_contexts
-from profattr.attribute.nvtx import load_ranges
+from profattr.attribute.nvtx import distinct_points, load_ranges
 from profattr.attribute.steps import find_steps
 
 
@@ -49,15 +49,22 @@ def _pass(source, store, steps, ranges, patterns, combos: Combos, remap=None, as
     selected = B.context_ranges(ranges, combos.ruleset.context_regexes)
     linear = LinearRanges(ranges)  # layerwise NVTX markers of linear layers: a GEMM's M, N, K (gemm_dims.py)
     texts = ContextTexts(source)
+    asks_ranges = len(linear) > 0 or any(len(start) for _, start, _ in selected)
     for ops in windows:
         step = assign.assign(ops.launch_tid, ops.launch_ns, ops.launched)
         if remap is not None:
             step = remap[step]
         placement = place_contexts(source, ops, ranges)
         counts.add(placement.counts_of_method)
-        mask = B.context_mask(ranges, combos.ruleset.context_regexes, placement.tid, placement.t_ns, selected)
+        if asks_ranges:  # the NVTX questions, once per distinct context point (graph replays share theirs)
+            point_tid, point_ns, point = distinct_points(placement.tid, placement.t_ns)
+            mask = B.context_mask(ranges, combos.ruleset.context_regexes, point_tid, point_ns, selected)[point]
+            gemm = linear.of(point_tid, point_ns)[point]
+        else:  # no range to look up: nothing to share
+            mask = B.context_mask(ranges, combos.ruleset.context_regexes, placement.tid, placement.t_ns, selected)
+            gemm = linear.of(placement.tid, placement.t_ns)
         reg = combos.ids(ops, mask)
-        totals.add(ops, step, reg, combos, placement.status, gemm=linear.of(placement.tid, placement.t_ns))
+        totals.add(ops, step, reg, combos, placement.status, gemm=gemm)
         texts.add(ops, reg, [v[4] for v in combos.values], [v[7] for v in combos.values], ranges, placement.tid,
                   placement.t_ns, placement.status, step >= 0)
         if not totals.in_order:
