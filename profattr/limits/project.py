@@ -36,6 +36,7 @@ from typing import Any, Dict, Mapping, Optional
 
 from profattr.limits.gap import fit_precision_rows, floor_loads, row_of
 from profattr.limits import launch_model as lm
+from profattr.limits import layer_match
 from profattr.limits.hardware import HardwareSpec
 from profattr.limits.model import ModelSpec, tensor_category
 
@@ -99,7 +100,8 @@ def _matched_families(kernels, source: ModelSpec, sms: int, t0_us: float) -> Dic
     out: Dict[str, Dict[str, Any]] = {}
     for k in kernels:
         cat = str(k["category"])
-        if not (cat.startswith("gemm") or cat == "moe.gemm") or not k.get("shapes"):
+        if not (cat.startswith("gemm") or cat == "moe.gemm") or not k.get("shapes") or \
+                layer_match.is_helper(str(k["name"])):  # a split-K reduce streams no weights: no layer to match
             continue
         m = lm.match_shapes(cat, k["shapes"], list(layers.values()))
         if not m:
@@ -116,6 +118,29 @@ def _matched_families(kernels, source: ModelSpec, sms: int, t0_us: float) -> Dic
         f["rate_cta_borrowed"] = not f["rate_cta"]
         if not f["rate_cta"] and pooled:
             f["rate_cta"] = pooled[len(pooled) // 2]
+    return out
+
+
+def _shape_layers(kernels, families, source: ModelSpec, target: ModelSpec, target_layers) -> Dict[Any, Dict[str, Any]]:
+    """{(kernel, shape index): byte ratio and layers} for the GEMM launches the launch model does not time, from
+    the layers their grids run (limits/layer_match.py); the layers the launch model's families run are left out."""
+    src_layers = {l["name"]: l for l in lm.linear_layers(source)}
+    timed = {n for name, f in families.items() for g in f["groups"] for n in g["names"]
+             if all(m in target_layers for g2 in f["groups"] for m in g2["names"])}
+    free = {n: l for n, l in src_layers.items() if n not in timed}
+    by_cat: Dict[str, list] = {}
+    for k in kernels:
+        cat = str(k["category"])
+        if cat.startswith("gemm") and k.get("shapes") and not (str(k["name"]) in families and
+                                                               families[str(k["name"])]["groups"][0]["names"][0] in timed):
+            by_cat.setdefault(cat, []).append(k)
+
+    def per_param(side: str, dtype: str) -> float:
+        return _bytes_per_param(source if side == "source" else target, dtype)
+
+    out: Dict[Any, Dict[str, Any]] = {}
+    for ks in by_cat.values():
+        out.update(layer_match.shape_ratios(ks, free, target_layers, per_param, lm.TILE_WIDTHS))
     return out
 
 
@@ -139,6 +164,7 @@ def project_device(device: Mapping[str, Any], gpu: Mapping[str, Any], source: Mo
     t0_us = _launch_floor_us(kernels, loads_s)
     families = _matched_families(kernels, source, sms_s, t0_us)
     target_layers = {l["name"]: l for l in lm.linear_layers(target, experts_touched)}
+    shape_layers = _shape_layers(kernels, families, source, target, target_layers)
     by_cat: Dict[str, Dict[str, Any]] = {}
     for k in kernels:
         cat = str(k["category"])
@@ -159,7 +185,7 @@ def project_device(device: Mapping[str, Any], gpu: Mapping[str, Any], source: Mo
                                         "source_ms": 0.0, "bandwidth_ms": 0.0, "projected_ms": 0.0,
                                         "launches_source": 0.0, "launches_target": 0.0, "at_latency_floor": 0.0,
                                         "byte_ratio_per_launch": byte_ratio, "t_fixed_us": t_fixed_us,
-                                        "launch_model": {}})
+                                        "launch_model": {}, "shape_layers": []})
         if fam and all(n in target_layers for g in fam["groups"] for n in g["names"]):
             roofs = lm.target_roofs(fam["rate_cta"] or 0.0, fam["bw_agg"] or 0.0, clock_s, clock_t, bw_s,
                                     dst_hw.memory_bandwidth_bytes_per_s.value)
@@ -191,6 +217,8 @@ def project_device(device: Mapping[str, Any], gpu: Mapping[str, Any], source: Mo
                 model_tgt_ms = 0.0
                 for name in g["names"]:
                     lt = target_layers[name]
+                    if not lt["runs"]:  # the target's engine does not run this layer (the DSA indexer's)
+                        continue
                     w_t = lm.weight_bytes(lt, _bytes_per_param(target, lt["dtype"]))
                     c_t = lm._ctas(lt, tile_t)
                     model_tgt_ms += lt["count"] * lm.launch_us(w_t, c_t, sms_t, t_fixed_us, roofs["rate_cta"],
@@ -199,18 +227,34 @@ def project_device(device: Mapping[str, Any], gpu: Mapping[str, Any], source: Mo
                     entry["launches_target"] += lt["count"]
                 entry["projected_ms"] += src_ms * model_tgt_ms / model_src_ms if model_src_ms > 0 else model_tgt_ms
             continue
-        for s in shapes:
+        for i, s in enumerate(shapes):
             n_s = float(s["count_per_step"])
             n_t = n_s if abs(n_s - 1.0) < 1e-9 else n_s * ratio_n
             d_s = float(s["mean_us"])
-            if byte_ratio is None:
+            ratio = byte_ratio
+            tied = shape_layers.get((str(k["name"]), i)) if byte_ratio is not None else None
+            if tied is not None:  # the launch's own layers: a replicated one keeps its bytes, a sharded one shrinks
+                ratio = tied["byte_ratio"]
+                if ratio == 0.0:  # layers the target's engine does not run (the DSA indexer's projections)
+                    n_t = 0.0
+                tied = {"kernel": str(k["name"]), "grid": (s.get("shape") or {}).get("grid"), "count_per_step": n_s,
+                        "source_us": d_s, **tied}
+                entry["shape_layers"].append(tied)
+            if ratio is None:
                 d_t = bw_part = d_s * clock_ratio
             else:
-                # t = t0 + bytes / BW_eff: the launch floor stays, the part above it scales with the bytes
-                bw_part = max(d_s - t_fixed_us / clock_ratio, 0.0) * byte_ratio * bw_ratio
+                # t = t0 + bytes / BW_eff: the launch floor stays, the part above it scales with the bytes, at the
+                # DRAM bandwidth ratio; a GEMM launch on at most a quarter as many CTAs as SMs is bound by one CTA's
+                # rate, which moves with the SM clock (the launch model's per-CTA roof)
+                grid = (s.get("shape") or {}).get("grid")
+                per_cta = cat.startswith("gemm") and grid is not None and \
+                    int(grid[0]) * int(grid[1]) * int(grid[2]) <= lm.PER_CTA_SHARE * sms_s
+                bw_part = max(d_s - t_fixed_us / clock_ratio, 0.0) * ratio * (clock_ratio if per_cta else bw_ratio)
                 d_t = t_fixed_us + bw_part
                 if t_fixed_us >= bw_part:
                     entry["at_latency_floor"] += n_t
+            if tied is not None:
+                tied["projected_us"] = d_t
             entry["source_ms"] += n_s * d_s / 1e3
             entry["bandwidth_ms"] += n_t * bw_part / 1e3
             entry["projected_ms"] += n_t * d_t / 1e3
