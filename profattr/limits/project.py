@@ -14,7 +14,11 @@ The model, per launch shape of every kernel in the source (the budget's shape ro
   the target's key sets the target's tile), anchored by each measured launch group of the source;
 - other launches of a byte row: t = t_fixed + (d_source - t_fixed) x byte_ratio x BW_source / BW_target, t_fixed
   the smaller of the GPU's launch floor t0 (the median launch of the source's byte-free categories) and the kernel
-  name's shortest mean duration over its launch shapes, x the SM clock ratio (source / target);
+  name's shortest mean duration over its launch shapes, x the SM clock ratio (source / target); in a GEMM category
+  the byte ratio is the launch's own layers' (limits/layer_match.py: the grid ties each launch shape to the linear
+  layers it runs, so a replicated layer keeps its bytes and a sharded one shrinks; a split-K reduce streams no
+  weights and keeps its duration; a layer the target's engine does not run, none), and a GEMM launch on at most a
+  quarter as many CTAs as SMs scales with the SM clock ratio instead of the bandwidth ratio (one CTA's rate binds);
 - categories with no bytes floor (elementwise, quantization, rope, ...), and rows whose bytes at the source's
   bandwidth explain under 5% of their source time (latency-bound), keep their source duration per launch, scaled
   by the clock ratio;
@@ -121,19 +125,21 @@ def _matched_families(kernels, source: ModelSpec, sms: int, t0_us: float) -> Dic
     return out
 
 
+def _timed(fam: Optional[Mapping[str, Any]], target_layers: Mapping[str, Any]) -> bool:
+    """Whether a kernel family takes the launch model: matched, and every layer it runs laid out on the target."""
+    return bool(fam) and all(n in target_layers for g in fam["groups"] for n in g["names"])
+
+
 def _shape_layers(kernels, families, source: ModelSpec, target: ModelSpec, target_layers) -> Dict[Any, Dict[str, Any]]:
     """{(kernel, shape index): byte ratio and layers} for the GEMM launches the launch model does not time, from
     the layers their grids run (limits/layer_match.py); the layers the launch model's families run are left out."""
-    src_layers = {l["name"]: l for l in lm.linear_layers(source)}
-    timed = {n for name, f in families.items() for g in f["groups"] for n in g["names"]
-             if all(m in target_layers for g2 in f["groups"] for m in g2["names"])}
-    free = {n: l for n, l in src_layers.items() if n not in timed}
+    timed = {n for f in families.values() if _timed(f, target_layers) for g in f["groups"] for n in g["names"]}
+    free = {l["name"]: l for l in lm.linear_layers(source) if l["name"] not in timed}
     by_cat: Dict[str, list] = {}
     for k in kernels:
-        cat = str(k["category"])
-        if cat.startswith("gemm") and k.get("shapes") and not (str(k["name"]) in families and
-                                                               families[str(k["name"])]["groups"][0]["names"][0] in timed):
-            by_cat.setdefault(cat, []).append(k)
+        if str(k["category"]).startswith("gemm") and k.get("shapes") and \
+                not _timed(families.get(str(k["name"])), target_layers):
+            by_cat.setdefault(str(k["category"]), []).append(k)
 
     def per_param(side: str, dtype: str) -> float:
         return _bytes_per_param(source if side == "source" else target, dtype)
@@ -186,7 +192,7 @@ def project_device(device: Mapping[str, Any], gpu: Mapping[str, Any], source: Mo
                                         "launches_source": 0.0, "launches_target": 0.0, "at_latency_floor": 0.0,
                                         "byte_ratio_per_launch": byte_ratio, "t_fixed_us": t_fixed_us,
                                         "launch_model": {}, "shape_layers": []})
-        if fam and all(n in target_layers for g in fam["groups"] for n in g["names"]):
+        if _timed(fam, target_layers):
             roofs = lm.target_roofs(fam["rate_cta"] or 0.0, fam["bw_agg"] or 0.0, clock_s, clock_t, bw_s,
                                     dst_hw.memory_bandwidth_bytes_per_s.value)
             # a config the engine ships for the target's key: its tile, and one CTA's rate x its bytes in flight
@@ -373,7 +379,12 @@ def project_budget(budget: Mapping[str, Any], source: ModelSpec, target: ModelSp
         "BW_source / BW_target; t_fixed = the smaller of the GPU's launch floor t0 and the kernel's shortest mean "
         "duration over its launch shapes in the source, x SM clock source/target",
         "byte ratio per launch: floor-row bytes on the target / on the source (profattr gap's rows), over the "
-        "launch-count ratio; every shape of a row scales alike (replicated and sharded weights of one row mixed)",
+        "launch-count ratio; in a GEMM category, a launch shape whose grid ties it to linear layers (experts x "
+        "ceil(n / tile) CTAs, x splits for split-K; tile widths from the kernel name, specs/gemm_kernels.toml; by "
+        "launch count alone where no grid fits) takes its own layers' bytes ratio: replicated layers (sharding.toml: "
+        "q_a/kv_a, the DSA indexer's wq_b, wk, weights_proj) keep their bytes, sharded ones shrink; split-K reduce "
+        "kernels stream no weights and keep their duration; a GEMM launch on at most a quarter as many CTAs as SMs "
+        "scales with the SM clock (one CTA's rate), not the DRAM bandwidth",
         "categories without a bytes floor, and rows whose bytes explain under "
         f"{LATENCY_BOUND_EFFICIENCY:.0%} of their source time (latency-bound: norms, decode attention at short "
         "context), keep their source duration per launch, x the clock ratio",
@@ -393,7 +404,8 @@ def project_budget(budget: Mapping[str, Any], source: ModelSpec, target: ModelSp
     ]
     if source.dsa_runs and not target.dsa_runs:
         assumptions.append(f"{dst_hw.id}: the engine does not run the DSA indexer there (hardware preset dsa_runs); "
-                           "the source's attention.indexer kernels are left out and attention reads the whole context")
+                           "the source's attention.indexer kernels and the GEMM launches of the indexer's projections "
+                           "are left out and attention reads the whole context")
     return {
         "schema": SCHEMA,
         "capture": {"path": (budget.get("capture") or {}).get("path"), "steps": (budget.get("steps") or {}).get("count"),
