@@ -41,42 +41,101 @@ PER_CTA_SHARE = 0.25  # launches with at most this share of the SMs as CTAs give
 MIN_SHAPES = 2  # one launch shape agreeing with one layer's CTA count is too weak a match to trust
 
 
+# the decode step's weight GEMMs of an MLA model: name, sharding.toml component, module path (layer 0), output rows
+# n, inputs k, batched heads, and which of them tensor parallelism splits when the component is sharded ("n":
+# column-parallel, "k": row-parallel, "heads": a per-head batched GEMM)
+def _mla_layers(cfg: Mapping[str, Any]) -> List[tuple]:
+    hidden, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
+    nope, rope, v = int(cfg["qk_nope_head_dim"]), int(cfg["qk_rope_head_dim"]), int(cfg["v_head_dim"])
+    q_lora, kv_lora = int(cfg["q_lora_rank"]), int(cfg["kv_lora_rank"])
+    a = "model.layers.0.self_attn"
+    out = [("attention.qkv_a", "attention.q_a_proj", f"{a}.q_a_proj", q_lora + kv_lora + rope, hidden, 1, "n"),
+           ("attention.q_b_proj", "attention.q_b_proj", f"{a}.q_b_proj", heads * (nope + rope), q_lora, 1, "n"),
+           # MLA's absorbed decode: q_nope x w_kc and the attention output x w_vc, batched over the rank's heads
+           ("attention.w_kc", "attention.w_kc", f"{a}.kv_b_proj", kv_lora, nope, heads, "heads"),
+           ("attention.w_vc", "attention.w_vc", f"{a}.kv_b_proj", v, kv_lora, heads, "heads"),
+           ("attention.o_proj", "attention.o_proj", f"{a}.o_proj", hidden, heads * v, 1, "k")]
+    if cfg.get("index_n_heads"):
+        ih, idim = int(cfg["index_n_heads"]), int(cfg["index_head_dim"])
+        out += [("indexer.wq_b", "indexer.wq_b", f"{a}.indexer.wq_b", ih * idim, q_lora, 1, "n"),
+                ("indexer.wk", "indexer.wk", f"{a}.indexer.wk", idim, hidden, 1, "n"),
+                ("indexer.weights_proj", "indexer.weights_proj", f"{a}.indexer.weights_proj", ih, hidden, 1, "n")]
+    return out
+
+
+def _sharded(engine: str, component: str) -> bool:
+    rules = (load_toml("sharding.toml").get(engine) or load_toml("sharding.toml")["sglang"])["components"]
+    rule = rules.get(component) or rules.get(component.split(".")[0]) or {"sharding": "sharded"}
+    return rule["sharding"] == "sharded"
+
+
+def _layer_dtype(spec: ModelSpec, component: str, path: str) -> str:
+    """"bf16" where the engine runs the layer unquantized, else "quant" (the checkpoint's format)."""
+    from profattr.limits.quantization import FP8_BLOCK, runs_unquantized
+
+    quant = (spec.derive_args or {}).get("quantization")
+    if runs_unquantized(quant, path):
+        return "bf16"
+    if quant is None:  # a --quant preset: the format of the component's weights
+        dtypes = [g.dtype for g in spec.groups if g.component == component or g.weight_class == component]
+        if dtypes and all(d == "bf16" for d in dtypes):
+            return "bf16"
+    # kv_b_proj in 128x128 FP8 blocks is dequantized to BF16 at load for the absorbed bmm (deepseek_v2.py
+    # post_load_weights, CUDA, unless SGL_USE_DEEPGEMM_BMM)
+    if path.endswith(".kv_b_proj") and quant is not None and quant.weight_format == FP8_BLOCK and \
+            tuple(quant.block or ()) == (128, 128):
+        return "bf16"
+    return "quant"
+
+
 def linear_layers(spec: ModelSpec, experts_touched: Optional[int] = None) -> List[Dict[str, Any]]:
     """The decode step's weight GEMMs of an MLA model at the spec's per-rank shapes: name, n, k, launches per step,
-    experts (CTA groups per launch), dtype ("quant" for the checkpoint's format, "bf16" where the engine keeps it
-    unquantized). Empty for architectures not laid out here."""
+    experts (CTA groups per launch: routed experts, or heads of a batched GEMM), dtype ("quant" for the checkpoint's
+    format, "bf16" where the engine runs it unquantized), sharded (whether tensor parallelism splits it, from
+    specs/sharding.toml), runs (false for the DSA indexer's projections where the engine does not run the indexer).
+    Empty for architectures not laid out here."""
     cfg = spec.config or {}
     if not cfg.get("kv_lora_rank") or not cfg.get("q_lora_rank"):
         return []
     tp, layers, hidden = spec.tp, spec.num_layers, int(cfg["hidden_size"])
-    heads = int(cfg["num_attention_heads"]) // tp
-    nope, rope, v = int(cfg["qk_nope_head_dim"]), int(cfg["qk_rope_head_dim"]), int(cfg["v_head_dim"])
-    q_lora, kv_lora = int(cfg["q_lora_rank"]), int(cfg["kv_lora_rank"])
+    engine = (spec.derive_args or {}).get("engine", "sglang")
     dense = min(int(cfg.get("first_k_dense_replace", 0) or 0), layers)
     moe = layers - dense if cfg.get("n_routed_experts") else 0
     dense = layers - moe
-    out = [("attention.qkv_a", q_lora + kv_lora + rope, hidden, layers, 1, "quant"),
-           ("attention.q_b_proj", heads * (nope + rope), q_lora, layers, 1, "quant"),
-           ("attention.o_proj", hidden, heads * v, layers, 1, "quant")]
-    if cfg.get("index_n_heads"):
-        ih, idim = int(cfg["index_n_heads"]), int(cfg["index_head_dim"])
-        out += [("indexer.wq_b", ih * idim, q_lora, layers, 1, "quant"), ("indexer.wk", idim, hidden, layers, 1, "quant"),
-                ("indexer.weights_proj", ih, hidden, layers, 1, "bf16")]
-    inter = int(cfg.get("intermediate_size") or 0) // tp
+    rows = [(*r, layers) for r in _mla_layers(cfg)]
+    inter = int(cfg.get("intermediate_size") or 0)
     if dense and inter:
-        out += [("dense_mlp.gate_up", 2 * inter, hidden, dense, 1, "quant"),
-                ("dense_mlp.down", hidden, inter, dense, 1, "quant")]
+        rows += [("dense_mlp.gate_up", "dense_mlp", "model.layers.0.mlp.gate_proj", 2 * inter, hidden, 1, "n", dense),
+                 ("dense_mlp.down", "dense_mlp", "model.layers.0.mlp.down_proj", hidden, inter, 1, "k", dense)]
     if moe:
-        mi = int(cfg["moe_intermediate_size"]) // tp
+        mi, m = int(cfg["moe_intermediate_size"]), f"model.layers.{layers - 1}.mlp"
         shared = int(cfg.get("n_shared_experts") or 0)
         # distinct experts a step's batch routes to: at most top_k x batch (dummy weights route every sequence alike)
         touched = experts_touched or min(int(cfg["n_routed_experts"]), int(cfg["num_experts_per_tok"]) * spec.batch)
         if shared:
-            out += [("shared_experts.gate_up", 2 * mi * shared, hidden, moe, 1, "quant"),
-                    ("shared_experts.down", hidden, mi * shared, moe, 1, "quant")]
-        out += [("routed_experts.gate_up", 2 * mi, hidden, moe, touched, "quant"),
-                ("routed_experts.down", hidden, mi, moe, touched, "quant")]
-    return [{"name": n, "n": nn, "k": k, "count": c, "experts": e, "dtype": d} for n, nn, k, c, e, d in out]
+            rows += [("shared_experts.gate_up", "shared_experts", f"{m}.shared_experts.gate_proj", 2 * mi * shared,
+                      hidden, 1, "n", moe),
+                     ("shared_experts.down", "shared_experts", f"{m}.shared_experts.down_proj", hidden, mi * shared,
+                      1, "k", moe)]
+        rows += [("routed_experts.gate_up", "routed_experts", f"{m}.experts.0.gate_proj", 2 * mi, hidden, touched,
+                  "n", moe),
+                 ("routed_experts.down", "routed_experts", f"{m}.experts.0.down_proj", hidden, mi, touched, "k", moe)]
+    if not cfg.get("tie_word_embeddings", False):
+        rows.append(("lm_head", "lm_head", "lm_head", int(cfg["vocab_size"]), hidden, 1, "n", 1))
+    out = []
+    for name, component, path, n, k, experts, split, count in rows:
+        sharded = _sharded(engine, component)
+        if sharded and split == "n":
+            n = -(-n // tp)
+        elif sharded and split == "k":
+            k = -(-k // tp)
+        elif sharded and split == "heads":
+            experts = -(-experts // tp)
+        # an engine that does not run the DSA indexer (spec.dsa_runs false) runs none of its projections either
+        out.append({"name": name, "n": n, "k": k, "count": count, "experts": experts, "sharded": sharded,
+                    "dtype": _layer_dtype(spec, component, path),
+                    "runs": spec.dsa_runs or not name.startswith("indexer.")})
+    return out
 
 
 def _ctas(layer: Mapping[str, Any], tile: int) -> int:

@@ -14,7 +14,11 @@ The model, per launch shape of every kernel in the source (the budget's shape ro
   the target's key sets the target's tile), anchored by each measured launch group of the source;
 - other launches of a byte row: t = t_fixed + (d_source - t_fixed) x byte_ratio x BW_source / BW_target, t_fixed
   the smaller of the GPU's launch floor t0 (the median launch of the source's byte-free categories) and the kernel
-  name's shortest mean duration over its launch shapes, x the SM clock ratio (source / target);
+  name's shortest mean duration over its launch shapes, x the SM clock ratio (source / target); in a GEMM category
+  the byte ratio is the launch's own layers' (limits/layer_match.py: the grid ties each launch shape to the linear
+  layers it runs, so a replicated layer keeps its bytes and a sharded one shrinks; a split-K reduce streams no
+  weights and keeps its duration; a layer the target's engine does not run, none), and a GEMM launch on at most a
+  quarter as many CTAs as SMs scales with the SM clock ratio instead of the bandwidth ratio (one CTA's rate binds);
 - categories with no bytes floor (elementwise, quantization, rope, ...), and rows whose bytes at the source's
   bandwidth explain under 5% of their source time (latency-bound), keep their source duration per launch, scaled
   by the clock ratio;
@@ -36,6 +40,7 @@ from typing import Any, Dict, Mapping, Optional
 
 from profattr.limits.gap import fit_precision_rows, floor_loads, row_of
 from profattr.limits import launch_model as lm
+from profattr.limits import layer_match
 from profattr.limits.hardware import HardwareSpec
 from profattr.limits.model import ModelSpec, tensor_category
 
@@ -99,7 +104,8 @@ def _matched_families(kernels, source: ModelSpec, sms: int, t0_us: float) -> Dic
     out: Dict[str, Dict[str, Any]] = {}
     for k in kernels:
         cat = str(k["category"])
-        if not (cat.startswith("gemm") or cat == "moe.gemm") or not k.get("shapes"):
+        if not (cat.startswith("gemm") or cat == "moe.gemm") or not k.get("shapes") or \
+                layer_match.is_helper(str(k["name"])):  # a split-K reduce streams no weights: no layer to match
             continue
         m = lm.match_shapes(cat, k["shapes"], list(layers.values()))
         if not m:
@@ -116,6 +122,31 @@ def _matched_families(kernels, source: ModelSpec, sms: int, t0_us: float) -> Dic
         f["rate_cta_borrowed"] = not f["rate_cta"]
         if not f["rate_cta"] and pooled:
             f["rate_cta"] = pooled[len(pooled) // 2]
+    return out
+
+
+def _timed(fam: Optional[Mapping[str, Any]], target_layers: Mapping[str, Any]) -> bool:
+    """Whether a kernel family takes the launch model: matched, and every layer it runs laid out on the target."""
+    return bool(fam) and all(n in target_layers for g in fam["groups"] for n in g["names"])
+
+
+def _shape_layers(kernels, families, source: ModelSpec, target: ModelSpec, target_layers) -> Dict[Any, Dict[str, Any]]:
+    """{(kernel, shape index): byte ratio and layers} for the GEMM launches the launch model does not time, from
+    the layers their grids run (limits/layer_match.py); the layers the launch model's families run are left out."""
+    timed = {n for f in families.values() if _timed(f, target_layers) for g in f["groups"] for n in g["names"]}
+    free = {l["name"]: l for l in lm.linear_layers(source) if l["name"] not in timed}
+    by_cat: Dict[str, list] = {}
+    for k in kernels:
+        if str(k["category"]).startswith("gemm") and k.get("shapes") and \
+                not _timed(families.get(str(k["name"])), target_layers):
+            by_cat.setdefault(str(k["category"]), []).append(k)
+
+    def per_param(side: str, dtype: str) -> float:
+        return _bytes_per_param(source if side == "source" else target, dtype)
+
+    out: Dict[Any, Dict[str, Any]] = {}
+    for ks in by_cat.values():
+        out.update(layer_match.shape_ratios(ks, free, target_layers, per_param, lm.TILE_WIDTHS))
     return out
 
 
@@ -139,6 +170,7 @@ def project_device(device: Mapping[str, Any], gpu: Mapping[str, Any], source: Mo
     t0_us = _launch_floor_us(kernels, loads_s)
     families = _matched_families(kernels, source, sms_s, t0_us)
     target_layers = {l["name"]: l for l in lm.linear_layers(target, experts_touched)}
+    shape_layers = _shape_layers(kernels, families, source, target, target_layers)
     by_cat: Dict[str, Dict[str, Any]] = {}
     for k in kernels:
         cat = str(k["category"])
@@ -159,8 +191,8 @@ def project_device(device: Mapping[str, Any], gpu: Mapping[str, Any], source: Mo
                                         "source_ms": 0.0, "bandwidth_ms": 0.0, "projected_ms": 0.0,
                                         "launches_source": 0.0, "launches_target": 0.0, "at_latency_floor": 0.0,
                                         "byte_ratio_per_launch": byte_ratio, "t_fixed_us": t_fixed_us,
-                                        "launch_model": {}})
-        if fam and all(n in target_layers for g in fam["groups"] for n in g["names"]):
+                                        "launch_model": {}, "shape_layers": []})
+        if _timed(fam, target_layers):
             roofs = lm.target_roofs(fam["rate_cta"] or 0.0, fam["bw_agg"] or 0.0, clock_s, clock_t, bw_s,
                                     dst_hw.memory_bandwidth_bytes_per_s.value)
             # a config the engine ships for the target's key: its tile, and one CTA's rate x its bytes in flight
@@ -191,6 +223,8 @@ def project_device(device: Mapping[str, Any], gpu: Mapping[str, Any], source: Mo
                 model_tgt_ms = 0.0
                 for name in g["names"]:
                     lt = target_layers[name]
+                    if not lt["runs"]:  # the target's engine does not run this layer (the DSA indexer's)
+                        continue
                     w_t = lm.weight_bytes(lt, _bytes_per_param(target, lt["dtype"]))
                     c_t = lm._ctas(lt, tile_t)
                     model_tgt_ms += lt["count"] * lm.launch_us(w_t, c_t, sms_t, t_fixed_us, roofs["rate_cta"],
@@ -199,18 +233,34 @@ def project_device(device: Mapping[str, Any], gpu: Mapping[str, Any], source: Mo
                     entry["launches_target"] += lt["count"]
                 entry["projected_ms"] += src_ms * model_tgt_ms / model_src_ms if model_src_ms > 0 else model_tgt_ms
             continue
-        for s in shapes:
+        for i, s in enumerate(shapes):
             n_s = float(s["count_per_step"])
             n_t = n_s if abs(n_s - 1.0) < 1e-9 else n_s * ratio_n
             d_s = float(s["mean_us"])
-            if byte_ratio is None:
+            ratio = byte_ratio
+            tied = shape_layers.get((str(k["name"]), i)) if byte_ratio is not None else None
+            if tied is not None:  # the launch's own layers: a replicated one keeps its bytes, a sharded one shrinks
+                ratio = tied["byte_ratio"]
+                if ratio == 0.0:  # layers the target's engine does not run (the DSA indexer's projections)
+                    n_t = 0.0
+                tied = {"kernel": str(k["name"]), "grid": (s.get("shape") or {}).get("grid"), "count_per_step": n_s,
+                        "source_us": d_s, **tied}
+                entry["shape_layers"].append(tied)
+            if ratio is None:
                 d_t = bw_part = d_s * clock_ratio
             else:
-                # t = t0 + bytes / BW_eff: the launch floor stays, the part above it scales with the bytes
-                bw_part = max(d_s - t_fixed_us / clock_ratio, 0.0) * byte_ratio * bw_ratio
+                # t = t0 + bytes / BW_eff: the launch floor stays, the part above it scales with the bytes, at the
+                # DRAM bandwidth ratio; a GEMM launch on at most a quarter as many CTAs as SMs is bound by one CTA's
+                # rate, which moves with the SM clock (the launch model's per-CTA roof)
+                grid = (s.get("shape") or {}).get("grid")
+                per_cta = cat.startswith("gemm") and grid is not None and \
+                    int(grid[0]) * int(grid[1]) * int(grid[2]) <= lm.PER_CTA_SHARE * sms_s
+                bw_part = max(d_s - t_fixed_us / clock_ratio, 0.0) * ratio * (clock_ratio if per_cta else bw_ratio)
                 d_t = t_fixed_us + bw_part
                 if t_fixed_us >= bw_part:
                     entry["at_latency_floor"] += n_t
+            if tied is not None:
+                tied["projected_us"] = d_t
             entry["source_ms"] += n_s * d_s / 1e3
             entry["bandwidth_ms"] += n_t * bw_part / 1e3
             entry["projected_ms"] += n_t * d_t / 1e3
@@ -329,7 +379,12 @@ def project_budget(budget: Mapping[str, Any], source: ModelSpec, target: ModelSp
         "BW_source / BW_target; t_fixed = the smaller of the GPU's launch floor t0 and the kernel's shortest mean "
         "duration over its launch shapes in the source, x SM clock source/target",
         "byte ratio per launch: floor-row bytes on the target / on the source (profattr gap's rows), over the "
-        "launch-count ratio; every shape of a row scales alike (replicated and sharded weights of one row mixed)",
+        "launch-count ratio; in a GEMM category, a launch shape whose grid ties it to linear layers (experts x "
+        "ceil(n / tile) CTAs, x splits for split-K; tile widths from the kernel name, specs/gemm_kernels.toml; by "
+        "launch count alone where no grid fits) takes its own layers' bytes ratio: replicated layers (sharding.toml: "
+        "q_a/kv_a, the DSA indexer's wq_b, wk, weights_proj) keep their bytes, sharded ones shrink; split-K reduce "
+        "kernels stream no weights and keep their duration; a GEMM launch on at most a quarter as many CTAs as SMs "
+        "scales with the SM clock (one CTA's rate), not the DRAM bandwidth",
         "categories without a bytes floor, and rows whose bytes explain under "
         f"{LATENCY_BOUND_EFFICIENCY:.0%} of their source time (latency-bound: norms, decode attention at short "
         "context), keep their source duration per launch, x the clock ratio",
@@ -349,7 +404,8 @@ def project_budget(budget: Mapping[str, Any], source: ModelSpec, target: ModelSp
     ]
     if source.dsa_runs and not target.dsa_runs:
         assumptions.append(f"{dst_hw.id}: the engine does not run the DSA indexer there (hardware preset dsa_runs); "
-                           "the source's attention.indexer kernels are left out and attention reads the whole context")
+                           "the source's attention.indexer kernels and the GEMM launches of the indexer's projections "
+                           "are left out and attention reads the whole context")
     return {
         "schema": SCHEMA,
         "capture": {"path": (budget.get("capture") or {}).get("path"), "steps": (budget.get("steps") or {}).get("count"),

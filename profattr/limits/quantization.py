@@ -92,6 +92,14 @@ class Quantization:
         return self.bits / 8.0 * n + groups * SCALE_BYTES["bf16"] + zero
 
 
+def runs_unquantized(quant: Optional[Quantization], path: str) -> bool:
+    """Whether the engine runs the linear module at `path` in BF16: the config ignores it, or the engine never
+    quantizes it (ENGINE_UNQUANTIZED); without a quantization_config only the engine's own list counts."""
+    if quant is not None and quant.ignored(path):
+        return True
+    return any(_matches(g, path) for g in ENGINE_UNQUANTIZED)
+
+
 def _matches(pattern: str, path: str) -> bool:
     return _compiled(pattern).match(path) is not None
 
