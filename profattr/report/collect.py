@@ -185,6 +185,7 @@ def evidence_summary(captures: Sequence[CaptureReport], rules: Sequence = ()) ->
     here (their names come from sources only), among them the rules for other GPU generations or FP4 kernels."""
     ruleset = load_rules(rules)
     hit: dict = {}
+    by_id = {r.id: r for r in ruleset.rules}  # with the inventories' rules (inventory.LIBRARY) that hit
     for cap in captures:
         for d in cap.budget["devices"]:
             for k in d["kernels"]:
@@ -193,7 +194,7 @@ def evidence_summary(captures: Sequence[CaptureReport], rules: Sequence = ()) ->
                 rule = _rule_for(ruleset, k)
                 if rule is not None:
                     hit[rule.id] = hit.get(rule.id, 0.0) + k["ms_per_step"]
-    by_id = {r.id: r for r in ruleset.rules}
+                    by_id.setdefault(rule.id, rule)
     ms_by_evidence: dict = {}
     for rule_id, ms in hit.items():
         ev = by_id[rule_id].evidence
