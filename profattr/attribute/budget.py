@@ -50,7 +50,8 @@ def compute_budget(path, steps: str = "auto", rules: Sequence = (), force: bool 
                    keep_attribution: bool = False, mapping=None, by: str = "category",
                    layer_range: str | None = None, skip_steps=None, step_categories: bool = True) -> Budget:
     """Read a capture (.sqlite, .nsys-rep exported on demand, or torch-profiler traces) and compute its per-step
-    budget.
+    budget. `path` may also be a reader already open (trace/source.py open_trace): it is read, and left open, so a
+    command that needs more than the budget opens the capture once.
 
     `mapping`: an eager capture of the same workload whose NVTX context is lent to replayed graph ops that have
     none (mapping.py). `by="layer"` adds per-layer rows to every device (`layer_range`: the layer regex).
@@ -65,19 +66,11 @@ def compute_budget(path, steps: str = "auto", rules: Sequence = (), force: bool 
     if mapping is not None:
         source = _mapping_attribution(mapping, steps, ruleset, force)
     windowed = source is None and not keep_attribution and by == "category" and layer_range is None
-    with open_trace(path, force=force) as export:
-        warn_unmatched_contexts(export, ruleset)
-        reader = store_source(export)
-        try:
-            budget = budget_windowed(reader, steps, ruleset, skip_steps, step_categories) if windowed else None
-            claims = getattr(reader, "claims", None)
-            if budget is not None and (not budget.devices or (claims is not None and claims.total())):
-                budget = None  # damaged rows or no work in the steps: the one-window path counts and says it
-            if budget is None:  # needs every op at once (attribution, layers, mapping) or ops out of start order
-                budget = budget_of(reader, steps, ruleset, mapping=source, skip_steps=skip_steps)
-        finally:
-            if reader is not export:
-                reader.close()
+    if is_reader(path):
+        budget = _read_budget(path, steps, ruleset, source, skip_steps, step_categories, windowed)
+    else:
+        with open_trace(path, force=force) as export:
+            budget = _read_budget(export, steps, ruleset, source, skip_steps, step_categories, windowed)
     attribution = budget.attribution
     if not windowed:  # the spread of the largest kernels: where the caller reads every op at once (not where a
         kernel_distributions(budget)  # windowed budget fell back to one window: its JSON stays the same)
@@ -87,6 +80,28 @@ def compute_budget(path, steps: str = "auto", rules: Sequence = (), force: bool 
         budget.attribution = None
     if not step_categories:
         budget.per_step_category = None
+    return budget
+
+
+def is_reader(capture) -> bool:
+    """Whether `capture` is an open reader (trace/source.py open_trace) rather than a path."""
+    return hasattr(capture, "ops") and hasattr(capture, "ranges")
+
+
+def _read_budget(export, steps: str, ruleset, mapping, skip_steps, step_categories: bool, windowed: bool) -> Budget:
+    """The budget of an open reader: window by window where it can, else in one window (keeping the attribution)."""
+    warn_unmatched_contexts(export, ruleset)
+    reader = store_source(export)
+    try:
+        budget = budget_windowed(reader, steps, ruleset, skip_steps, step_categories) if windowed else None
+        claims = getattr(reader, "claims", None)
+        if budget is not None and (not budget.devices or (claims is not None and claims.total())):
+            budget = None  # damaged rows or no work in the steps: the one-window path counts and says it
+        if budget is None:  # needs every op at once (attribution, layers, mapping) or ops out of start order
+            budget = budget_of(reader, steps, ruleset, mapping=mapping, skip_steps=skip_steps)
+    finally:
+        if reader is not export:
+            reader.close()
     return budget
 
 

@@ -41,34 +41,48 @@ def evaluate(path, run: dict | None = None, twin=None) -> tuple:
     kernels per step with."""
     with open_trace(path) as source:
         budget, ops, why_not = _budget(source)
-        facts = gather(source, ops)
-        cuda = recording.traced_cuda(run, facts) is not False
-        findings = [recording.check_kernels(run, facts)]
-        if cuda:
-            findings.append(recording.check_graph_nodes(facts))
-            replay_ids = recording.check_replay_ids(source)  # only when replayed ops lack a correlationId
-            if replay_ids is not None:
-                findings.append(replay_ids)
-            findings += [recording.check_devices(run, facts, len(source.gpus)),
-                         completeness.check_records(source),
-                         completeness.check_window_coverage(ops, source),
-                         completeness.check_steps_with_work(budget),
-                         completeness.check_graphs_recorded(run, facts),
-                         completeness.check_profiler_version(run, source, facts),
-                         backend.check_backend(run, facts.names),
-                         backend.check_server_log(run),
-                         timing.check_first_calls(source, facts.devices, run),
-                         timing.check_steady_state(budget)]
-        fp4 = backend.check_fp4_backend(run, facts.names) if cuda else None
-        if fp4 is not None and fp4.status != SKIP:  # listed only for captures with FP4 work or an FP4 backend
-            findings.insert(findings.index(next(f for f in findings if f.check == "server_log")) + 1, fp4)
-        findings.append(timing.check_overhead(run, budget))
-        if cuda:
-            findings.append(timing.check_steps(run, budget, why_not, facts.devices))
-        findings.append(recording.check_nvtx(run, facts))
+        findings = _checks(source, run, budget, ops, why_not)
     if twin is not None:
         findings.append(_twin_finding(path, budget, twin))
     return findings, budget
+
+
+def evaluate_budget(source, budget, run: dict | None = None) -> list:
+    """All checks on a capture already open as `source`, with the budget its caller computed from it (keeping its
+    attribution): the checks that count steps count the caller's steps, so a report's checks and budgets agree."""
+    if budget.attribution is None:
+        raise ValueError("evaluate_budget needs compute_budget(..., keep_attribution=True)")
+    return _checks(source, run, budget, budget.attribution.ops, None)
+
+
+def _checks(source, run: dict | None, budget, ops, why_not) -> list:
+    """The findings, in their fixed order, from an open reader, its ops and its budget (None: `why_not` says why)."""
+    facts = gather(source, ops)
+    cuda = recording.traced_cuda(run, facts) is not False
+    findings = [recording.check_kernels(run, facts)]
+    if cuda:
+        findings.append(recording.check_graph_nodes(facts))
+        replay_ids = recording.check_replay_ids(source)  # only when replayed ops lack a correlationId
+        if replay_ids is not None:
+            findings.append(replay_ids)
+        findings += [recording.check_devices(run, facts, len(source.gpus)),
+                     completeness.check_records(source),
+                     completeness.check_window_coverage(ops, source),
+                     completeness.check_steps_with_work(budget),
+                     completeness.check_graphs_recorded(run, facts),
+                     completeness.check_profiler_version(run, source, facts),
+                     backend.check_backend(run, facts.names),
+                     backend.check_server_log(run),
+                     timing.check_first_calls(source, facts.devices, run),
+                     timing.check_steady_state(budget)]
+    fp4 = backend.check_fp4_backend(run, facts.names) if cuda else None
+    if fp4 is not None and fp4.status != SKIP:  # listed only for captures with FP4 work or an FP4 backend
+        findings.insert(findings.index(next(f for f in findings if f.check == "server_log")) + 1, fp4)
+    findings.append(timing.check_overhead(run, budget))
+    if cuda:
+        findings.append(timing.check_steps(run, budget, why_not, facts.devices))
+    findings.append(recording.check_nvtx(run, facts))
+    return findings
 
 
 def _twin_finding(path, budget, twin):
@@ -93,6 +107,12 @@ def run_checks(path, run: dict | None = None) -> list:
 
 def check_capture(path, twin=None) -> tuple:
     """(Capture, findings) for a capture path; ProfattrError when there is nothing to check yet."""
+    cap = located(path)
+    return cap, evaluate(cap.path, fresh_server_log(cap), twin=Path(twin) if twin else None)[0]
+
+
+def located(path) -> Capture:
+    """The capture and run.json at `path` (locate.py); ProfattrError when there is nothing to check yet."""
     cap: Capture = locate(path)
     if cap.path is None:
         status = (cap.run or {}).get("status")
@@ -101,7 +121,7 @@ def check_capture(path, twin=None) -> tuple:
                                 f"run `profattr capture --finish {cap.run_path.parent}` where QdstrmImporter exists")
         raise ProfattrError(f"{cap.run_path}: no SQLite export or trace beside it (status {status!r}); nothing to "
                             "check")
-    return cap, evaluate(cap.path, fresh_server_log(cap), twin=Path(twin) if twin else None)[0]
+    return cap
 
 
 def fresh_server_log(cap: Capture) -> dict | None:

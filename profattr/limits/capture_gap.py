@@ -16,8 +16,8 @@ def capture_gap(capture, model: Optional[str] = None, quant: Optional[str] = Non
                 bandwidth: str = "peak") -> dict:
     """The gap result (profattr.gap/1 dict) of `capture` (.sqlite or .nsys-rep); `bandwidth` peak or achievable."""
     from profattr.attribute.budget import compute_budget
-    from profattr.limits.gap import compute_gap
-    from profattr.limits.hardware import hardware_presets, load_hardware, match_hardware, read_capture_gpus
+    from profattr.limits.gap import budget_gpus, compute_gap
+    from profattr.limits.hardware import hardware_presets, load_hardware, match_hardware
     from profattr.trace.reader import resolve_capture
 
     if bandwidth not in ("peak", "achievable"):
@@ -26,7 +26,7 @@ def capture_gap(capture, model: Optional[str] = None, quant: Optional[str] = Non
     run_json = Path(run_json) if run_json is not None else None
     sqlite_path = Path(resolve_capture(capture))
     budget = compute_budget(sqlite_path, steps=steps, rules=rules).to_dict()
-    gpus = read_capture_gpus(sqlite_path)
+    gpus = budget_gpus(budget)  # the GPUs the budget read from the capture: it is not opened again
     if hardware is None:
         names = {str(g.get("name") or "") for g in gpus.values()}
         matched = {match_hardware(n) for n in names if n}

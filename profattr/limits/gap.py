@@ -85,7 +85,9 @@ def row_of(category: str, keys: Iterable[str]) -> str:
     return best or category
 
 
-def _capture_gpus(budget: Mapping[str, Any]) -> Dict[Any, Dict[str, Any]]:
+def budget_gpus(budget: Mapping[str, Any]) -> Dict[Any, Dict[str, Any]]:
+    """The GPUs a budget dict read from its capture (`capture.gpus`), by device id, with the field names
+    hardware.read_capture_gpus gives (device, memory_bandwidth_bytes_per_s, sm_count, clock_hz, memory_bytes)."""
     gpus = {}
     for gpu in (budget.get("capture") or {}).get("gpus") or []:
         row = {_GPU_FIELDS.get(k, k): v for k, v in gpu.items()}
@@ -149,10 +151,10 @@ def compute_gap(budget: Mapping[str, Any], model_spec: ModelSpec, hardware_spec:
     """`profattr.gap/1` for a budget dict: per device, category floors vs measured and the closed waterfall.
 
     capture_gpus: TARGET_INFO_GPU rows by device id (hardware.read_capture_gpus); default: the budget's own
-    capture.gpus. Their memory bandwidth replaces the preset's for that device.
+    capture.gpus (budget_gpus). Their memory bandwidth replaces the preset's for that device.
     bandwidth_fraction: 1.0 compares against peak bandwidth; the preset's achievable fraction is the other choice.
     """
-    gpus = dict(capture_gpus) if capture_gpus is not None else _capture_gpus(budget)
+    gpus = dict(capture_gpus) if capture_gpus is not None else budget_gpus(budget)
     devices = []
     hardware_used = {}
     for device in budget.get("devices", []):

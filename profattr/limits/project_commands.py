@@ -62,7 +62,8 @@ def project_capture(capture: Path, to: str, *, tp=None, layers=None, batch=None,
     """`profattr.project/1` of one capture (and the band over replicate captures)."""
     from profattr.attribute.budget import compute_budget
     from profattr.attribute.host_cycle import host_cycle
-    from profattr.limits.hardware import hardware_presets, load_hardware, match_hardware, read_capture_gpus
+    from profattr.limits.gap import budget_gpus
+    from profattr.limits.hardware import hardware_presets, load_hardware, match_hardware
     from profattr.limits.project import project_budget
     from profattr.trace.reader import resolve_capture
     from profattr.trace.source import open_trace
@@ -79,16 +80,16 @@ def project_capture(capture: Path, to: str, *, tp=None, layers=None, batch=None,
     results = []
     for path in [capture, *replicates]:
         sqlite_path = Path(resolve_capture(path))
-        budget = compute_budget(sqlite_path, steps=steps).to_dict()
-        names = {str(g.get("name") or "") for g in read_capture_gpus(sqlite_path).values()}
+        with open_trace(sqlite_path) as trace:  # opened once: the budget, its GPUs and the host cycle
+            budget = compute_budget(trace, steps=steps).to_dict()
+            measured_host = host_cycle(trace)
+        names = {str(g.get("name") or "") for g in budget_gpus(budget).values()}
         matched = {match_hardware(n) for n in names if n}
         if len(matched) != 1 or None in matched:
             raise ProfattrError(f"cannot tell the capture's GPU ({', '.join(sorted(names)) or 'none'}); known: "
                                 f"{', '.join(hardware_presets())}")
         src_hw = load_hardware(matched.pop())
         source, target = _specs(path, run_json if path == capture else None, tp, layers, batch, dst_hw.dsa_runs)
-        with open_trace(sqlite_path) as trace:
-            measured_host = host_cycle(trace)
         results.append(project_budget(budget, source, target, src_hw, dst_hw, measured_host,
                                       interconnect=link, allreduce=allreduce, host_mode=host,
                                       experts_touched=_dummy_routing(path, run_json if path == capture else None,

@@ -18,6 +18,7 @@ from profattr.report.budget_view import exclusive_ms
 from profattr.report.launches import launch_stats
 from profattr.report.timeline import capture_views
 from profattr.taxonomy.classify import load_rules
+from profattr.trace.source import open_trace
 
 # rules about kernels of other GPU generations or FP4 formats: the part of the taxonomy these captures cannot test
 OTHER_HARDWARE = re.compile(r"sm_?1[0-2]\d|sm1[0-2]x|fp4|e2m1|nvf4|blockscaled|b12x", re.IGNORECASE)
@@ -112,40 +113,39 @@ def read_run(path: Path):
     return run, str(run_path), None
 
 
-def lint_findings(path: Path, run: Optional[dict]):
+def lint_findings(path: Path, run: Optional[dict], source, budget):
     """(finding dicts or None, source, note): source `run.json` when the capture recorded `profattr check`'s
-    findings, `now` when they were computed here, `none` (with the reason in note) when neither worked."""
+    findings, `now` when they were computed here (from `source`, the capture's open reader, and `budget`, the
+    report's budget of it: the checks count the report's steps), `none` (with the reason in note) when neither
+    worked."""
     recorded = (run or {}).get("check")
     if isinstance(recorded, dict) and isinstance(recorded.get("findings"), list):
         return [f for f in recorded["findings"] if isinstance(f, dict)], "run.json", None
     try:
-        from profattr.check.run import check_capture
+        from profattr.check.run import evaluate_budget, fresh_server_log, located
 
-        _, findings = check_capture(path)
+        findings = evaluate_budget(source, budget, fresh_server_log(located(path)))
     except ProfattrError as exc:
         return None, "none", exc.format_message()
     return [f.to_dict() for f in findings], "now", None
 
 
-def capture_gap(budget: dict, sqlite: Path, run: Optional[dict], run_path: Optional[str],
-                hardware: Optional[str]):
+def capture_gap(budget: dict, run: Optional[dict], run_path: Optional[str], hardware: Optional[str]):
     """(gap dict or None, note) for a capture whose run.json records the built-in workload's spec or the served
-    model's config.json (limits/served.py)."""
+    model's config.json (limits/served.py); its GPUs are those the budget read (the export's TARGET_INFO_GPU, a
+    torch trace's deviceProperties)."""
     record = (run or {}).get("workload")
     served = isinstance((run or {}).get("model_config"), dict) and bool(run["model_config"])
     if not isinstance(record, dict) and not served:
         why = ("no run.json" if run is None else
                "run.json records neither the built-in workload nor the served model's config.json")
         return None, f"skipped: {why}"
-    from profattr.limits.gap import compute_gap
-    from profattr.limits.hardware import load_hardware, match_hardware, read_capture_gpus
+    from profattr.limits.gap import budget_gpus, compute_gap
+    from profattr.limits.hardware import load_hardware, match_hardware
     from profattr.limits.served import spec_from_run
     from profattr.limits.workload import spec_from_workload
 
-    try:
-        gpus = read_capture_gpus(sqlite)
-    except ProfattrError:
-        gpus = {}
+    gpus = budget_gpus(budget)
     names = [str(g.get("name") or "") for g in gpus.values()] or [
         str(d.get("name") or "") for d in (run or {}).get("gpus") or [] if isinstance(d, dict)]
     hw_id = hardware
@@ -185,6 +185,7 @@ def evidence_summary(captures: Sequence[CaptureReport], rules: Sequence = ()) ->
     here (their names come from sources only), among them the rules for other GPU generations or FP4 kernels."""
     ruleset = load_rules(rules)
     hit: dict = {}
+    by_id = {r.id: r for r in ruleset.rules}  # with the inventories' rules (inventory.LIBRARY) that hit
     for cap in captures:
         for d in cap.budget["devices"]:
             for k in d["kernels"]:
@@ -193,7 +194,7 @@ def evidence_summary(captures: Sequence[CaptureReport], rules: Sequence = ()) ->
                 rule = _rule_for(ruleset, k)
                 if rule is not None:
                     hit[rule.id] = hit.get(rule.id, 0.0) + k["ms_per_step"]
-    by_id = {r.id: r for r in ruleset.rules}
+                    by_id.setdefault(rule.id, rule)
     ms_by_evidence: dict = {}
     for rule_id, ms in hit.items():
         ev = by_id[rule_id].evidence
@@ -249,15 +250,16 @@ def collect_report(paths: Sequence, labels: Optional[Sequence[str]] = None, step
             path = Path(members[0])
             run, run_path, run_note = read_run(path)
         by = "layer" if mapping or layers else "category"
-        with progress.stage(f"budget of {Path(path).name}"):
-            budget = compute_budget(path, steps=steps, rules=rules, force=force_export, keep_attribution=True,
-                                    skip_steps=skip_steps, mapping=mapping, by=by)
-        launches = launch_stats(budget)
-        _add_graph_tracing(launches, Path(budget.path), (graph_twins or {}).get(given))
-        views = capture_views(budget)  # the median step of each GPU, for the timeline (report/timeline.py)
+        with open_trace(path, force=force_export) as source:  # opened once: every view below reads this reader
+            with progress.stage(f"budget of {Path(path).name}"):
+                budget = compute_budget(source, steps=steps, rules=rules, force=force_export, keep_attribution=True,
+                                        skip_steps=skip_steps, mapping=mapping, by=by)
+            launches = launch_stats(budget, source)
+            _add_graph_tracing(launches, source, (graph_twins or {}).get(given))
+            views = capture_views(budget, source=source)  # the median step of each GPU (report/timeline.py)
+            checks, checks_source, checks_note = lint_findings(Path(budget.path), run, source, budget)
         budget.attribution = None  # the arrays are no longer needed; the diff needs only the per-step tables
         data = budget.to_dict()
-        checks, checks_source, checks_note = lint_findings(Path(budget.path), run)
         side = Side(str(path), data, budget.per_step, budget.per_step_category, run)
         side.per_step_comm = getattr(budget, "per_step_comm", None)  # per-step collective waits (several GPUs)
         if len(members) > 1:
@@ -268,7 +270,7 @@ def collect_report(paths: Sequence, labels: Optional[Sequence[str]] = None, step
             run_note = (f"{len(members)} replicates ({', '.join(Path(m).name for m in members)}): budgets, gap and "
                         f"diffs are their mean, with intervals over replicates and steps; launches, checks and run "
                         f"metadata are of the first")
-        gap, gap_note = capture_gap(data, Path(budget.path), run, run_path, hardware)
+        gap, gap_note = capture_gap(data, run, run_path, hardware)
         captures.append(CaptureReport(label="", path=str(given), budget=data, launches=launches, run=run,
                                       run_path=run_path, run_note=run_note, checks=checks,
                                       checks_source=checks_source, checks_note=checks_note, gap=gap,
@@ -301,12 +303,12 @@ def collect_report(paths: Sequence, labels: Optional[Sequence[str]] = None, step
                       sweep=batch_sweep(captures))
 
 
-def _add_graph_tracing(launches: list, export: Path, twin: Optional[str]) -> None:
-    """Each device's launch stats gain `graph_tracing`: how the capture traced its graph replays and, with a
-    graph-level twin, what per-node tracing cost (attribute/graph_launch.py)."""
-    from profattr.attribute.graph_launch import costs_of, tracing_cost
+def _add_graph_tracing(launches: list, source, twin: Optional[str]) -> None:
+    """Each device's launch stats gain `graph_tracing`: how the capture (open as `source`) traced its graph
+    replays and, with a graph-level twin, what per-node tracing cost (attribute/graph_launch.py)."""
+    from profattr.attribute.graph_launch import costs_of, launch_costs, tracing_cost
 
-    mine = costs_of(export)
+    mine = launch_costs(source)
     if mine is None:
         return
     info = {"tracing": mine["tracing"], "launch": mine, "twin": twin, "cost": None}

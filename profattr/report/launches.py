@@ -28,15 +28,18 @@ NS_PER_US = 1e3
 GRAPH_MODE_SHARE = 0.5
 
 
-def launch_stats(budget: Budget) -> list:
-    """One dict per device of the budget (see the module docstring); the budget must keep its attribution."""
+def launch_stats(budget: Budget, source=None) -> list:
+    """One dict per device of the budget (see the module docstring); the budget must keep its attribution.
+    `source`: the capture's reader, already open (else it is opened again from the budget's path)."""
     att = budget.attribution
     if att is None:
         raise ValueError("launch_stats needs compute_budget(..., keep_attribution=True)")
-    with open_trace(budget.path) as source:
-        api = source.api_calls()
-        ranges = source.ranges()
-        samples, names, period = _samples(source)
+    if source is None:
+        with open_trace(budget.path) as opened:
+            return launch_stats(budget, opened)
+    api = source.api_calls()
+    ranges = source.ranges()
+    samples, names, period = _samples(source)
     calls = _calls_per_step(budget, api)
     out = []
     for d in budget.devices:

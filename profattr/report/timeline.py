@@ -80,15 +80,18 @@ def step_view(budget, device: int, step: int, api: dict, ranges) -> dict:
             "budget_ms": sorted(((c, ns / NS_PER_MS) for c, ns in per_cat.items()), key=lambda x: -x[1])}
 
 
-def capture_views(budget, spec="median") -> list:
-    """One step_view per device of the budget (it must keep its attribution)."""
+def capture_views(budget, spec="median", source=None) -> list:
+    """One step_view per device of the budget (it must keep its attribution); `source`: the capture's reader,
+    already open (else it is opened again from the budget's path)."""
     from profattr.trace.source import open_trace
 
     if budget.attribution is None:
         raise ValueError("capture_views needs compute_budget(..., keep_attribution=True)")
-    with open_trace(budget.path) as source:
-        api = source.api_calls()
-        ranges = source.ranges()
+    if source is None:
+        with open_trace(budget.path) as opened:
+            return capture_views(budget, spec, opened)
+    api = source.api_calls()
+    ranges = source.ranges()
     return [step_view(budget, int(d["device"]), choose_step(budget, int(d["device"]), spec), api, ranges)
             for d in budget.devices]
 

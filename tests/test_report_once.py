@@ -1,0 +1,145 @@
+"""A report reads each capture once: its budget, computed with the report's --steps / --rules / --skip-steps, is the
+one the launch views, the capture checks and the gap to the hardware limit are computed from.
+
+The expectations are SQL on the committed exports (tests/independent.py): the graph steps SGLang's replays make,
+and the kernel time inside the workload's `decode_step` ranges.
+"""
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+
+import pytest
+from click.testing import CliRunner
+
+import profattr
+import profattr.trace.reader as reader
+from conftest import EXAMPLES
+from independent import expected_graph, expected_nvtx
+from profattr.cli import cli
+
+SGLANG = "sglang-triton-bs1"
+
+
+def _bare_checks_copy(folder, name: str = SGLANG):
+    """The committed capture, its server log and its run.json without the findings recorded at capture time (so
+    the report computes its checks itself), in `folder`; the export's path there."""
+    folder.mkdir(parents=True, exist_ok=True)
+    run = json.loads((EXAMPLES / f"{name}.run.json").read_text())
+    run.pop("check")
+    (folder / f"{name}.run.json").write_text(json.dumps(run))
+    for suffix in (".sqlite", ".server.log.gz"):
+        (folder / f"{name}{suffix}").symlink_to(EXAMPLES / f"{name}{suffix}")
+    return folder / f"{name}.sqlite", run
+
+
+def _report(args) -> None:
+    result = CliRunner().invoke(cli, ["report", *map(str, args)])
+    assert result.exit_code == 0, result.output
+
+
+def _check_rows(details: str) -> dict:
+    """check name -> (status, finding) from the "Capture checks" table of details.md (one capture)."""
+    section = details.split("## Capture checks", 1)[1].split("\n## ", 1)[0]
+    rows = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
+        if len(cells) == 3 and cells[0] not in ("status", "---"):
+            rows[cells[1].strip("`")] = (cells[0].strip("*").lower(), cells[2])
+    return rows
+
+
+@pytest.mark.parametrize("options, skipped", [((), 0), (("--skip-steps", "4"), 4)])
+def test_the_reports_checks_count_the_steps_of_its_budgets(tmp_path, options, skipped):
+    """With run.json recording no findings, the report's `steps` check counts the steps its budgets use: the graph
+    steps (one per cudaGraphLaunch, as SQL finds the replays that launched work) less those --skip-steps leaves
+    out; before, the checks computed a budget of their own on the default steps and counted all of them."""
+    capture, run = _bare_checks_copy(tmp_path / "cap")
+    steps = expected_graph(capture)[0]["steps"]
+    requested = run["window"]["steps_requested"]
+    out = tmp_path / "report"
+    _report([capture, "-o", out, *options])
+    details = (out / "details.md").read_text()
+    assert "Computed now by `profattr check` on this report's steps and rules" in details
+    status, text = _check_rows(details)["steps"]
+    assert text.startswith(f"{steps - skipped} steps counted (graph) for {requested} requested")
+    assert (f"; {skipped} left out" in text) == bool(skipped)
+    budget = (out / "report.md").read_text()
+    assert f"median of {steps - skipped} steps" in budget  # the budget the checks counted is the report's
+
+
+def test_the_reports_checks_follow_its_steps_option(tmp_path):
+    """--steps whole: one step, the whole capture; the checks say so instead of counting SQL's graph steps."""
+    capture, run = _bare_checks_copy(tmp_path / "cap")
+    out = tmp_path / "report"
+    _report([capture, "-o", out, "--steps", "whole"])
+    rows = _check_rows((out / "details.md").read_text())
+    assert rows["steps"][1].startswith(f"1 steps counted (whole) for {run['window']['steps_requested']} requested")
+    assert rows["steps_with_gpu_work"] == ("skip", "steps are whole: defined by the GPU work")
+
+
+def test_the_reports_gap_measures_the_categories_of_its_rules(tmp_path, export_example):
+    """A --rules file that puts every kernel in `other`: the gap's `other` row measures all the kernel time of a
+    step, as SQL sums it inside the workload's `decode_step` ranges."""
+    path = export_example("wl-eager-loop")
+    rules = tmp_path / "all-other.toml"
+    rules.write_text("[[rule]]\nid = 'everything'\ncategory = 'other'\npattern = '.'\n")
+    want = expected_nvtx(path, "decode_step")[0]
+    kernel_ms = sum(ms for ms, _count in want["per_kernel"].values())
+    out = tmp_path / "report"
+    _report([path, "-o", out, "--rules", rules])
+    gap = (out / "details.md").read_text().split("## Gap to the hardware limit", 1)[1]
+    table = gap.split("| category | measured ms |", 1)[1].split("\n\n", 1)[0]
+    measured = {k: float(v) for k, v in re.findall(r"^\| `?([\w.]+)`? \| ([\d.]+) \|", table, re.MULTILINE)}
+    assert measured["other"] == pytest.approx(kernel_ms, abs=5e-4)  # shown to 3 decimals
+    for category in ("moe.gemm", "gemm.bf16", "norm", "attention.decode"):  # rows of the model's floor only now
+        assert measured[category] == 0.0
+
+
+class _Opens:
+    """Counts, per capture file, the reader's opens (trace/reader.py connect_read_only) and every other SQLite
+    connection to it (a second path to the data, around the reader)."""
+
+    def __init__(self, monkeypatch):
+        self.reader, self.other, self._inside = {}, {}, False
+        connect, read_only = sqlite3.connect, reader.connect_read_only
+
+        def counted_read_only(path, head):
+            self.reader[path.resolve()] = self.reader.get(path.resolve(), 0) + 1
+            self._inside = True
+            try:
+                return read_only(path, head)
+            finally:
+                self._inside = False
+
+        def counted_connect(database, *args, **kwargs):
+            text = str(database)
+            if not self._inside and text.startswith("file:"):
+                key = text.split("?", 1)[0]
+                self.other[key] = self.other.get(key, 0) + 1
+            return connect(database, *args, **kwargs)
+
+        monkeypatch.setattr(reader, "connect_read_only", counted_read_only)
+        monkeypatch.setattr(sqlite3, "connect", counted_connect)
+
+
+@pytest.mark.parametrize("via", ["cli", "api"])
+def test_a_report_opens_each_capture_once(tmp_path, monkeypatch, export_example, via):
+    """Two SGLang captures (one whose checks are computed now) and a workload capture (whose gap is computed):
+    the report opens each export once, and nothing reads them around the reader."""
+    monkeypatch.setenv("PROFATTR_CACHE", str(tmp_path / "cache"))
+    bare, _ = _bare_checks_copy(tmp_path / "cap")
+    captures = [bare, EXAMPLES / "sglang-triton_kernel-bs1.sqlite", export_example("wl-eager-loop")]
+    for c in captures:  # the op store built first: building it reads the export on a second connection, once ever
+        profattr.open(c).budget()
+    opens = _Opens(monkeypatch)
+    out = tmp_path / "report"
+    if via == "cli":
+        _report([*captures, "-o", out])
+    else:
+        profattr.report(captures, out)
+    details = (out / "details.md").read_text()
+    assert "Computed now by `profattr check`" in details and "Measured " in details  # checks and a gap ran
+    assert opens.reader == {c.resolve(): 1 for c in captures}
+    assert opens.other == {}
