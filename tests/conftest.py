@@ -96,3 +96,15 @@ def export_example(export_dir):
         return out
 
     return get
+
+
+@pytest.fixture(autouse=True)
+def _no_cache_setting_stays_in_its_test():
+    """`--no-cache` sets PROFATTR_NO_CACHE in the process (so that diff's worker processes see it); a CLI test run
+    in-process must not leave it set for the tests after it."""
+    before = os.environ.get("PROFATTR_NO_CACHE")
+    yield
+    if before is None:
+        os.environ.pop("PROFATTR_NO_CACHE", None)
+    else:
+        os.environ["PROFATTR_NO_CACHE"] = before
