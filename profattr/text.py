@@ -117,3 +117,28 @@ def md_name(text) -> str:
     if not s:
         return ""
     return "\\|".join(md_code(p) if p else "" for p in s.split("|"))
+
+
+def qualified_name(demangled: str) -> str:
+    """A demangled kernel name's function, qualified: no return type, template arguments or argument list
+    (``void a::b::K<int>(float*)`` -> ``a::b::K``; ``(anonymous namespace)`` becomes ``anonymous_namespace``)."""
+    text = str(demangled).strip().replace("(anonymous namespace)", "anonymous_namespace")
+    depth, cut = 0, len(text)
+    for i, c in enumerate(text):  # the argument list starts at the first '(' outside template brackets
+        if c == "<":
+            depth += 1
+        elif c == ">":
+            depth = max(0, depth - 1)
+        elif c == "(" and depth == 0 and i > 0:
+            cut = i
+            break
+    out, depth = [], 0
+    for c in text[:cut]:  # drop template arguments
+        if c == "<":
+            depth += 1
+        elif c == ">":
+            depth = max(0, depth - 1)
+        elif depth == 0:
+            out.append(c)
+    head = "".join(out).strip()
+    return head.split()[-1] if head.split() else head  # drop "void" and qualifiers

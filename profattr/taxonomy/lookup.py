@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional
 
+from profattr.text import qualified_name
+
 INVENTORY_DIR = Path(__file__).with_name("inventory")
 GENERIC_NAMESPACES = ("cub", "at", "thrust", "cutlass", "cute", "std", "c10", "cuda", "__cxxabiv1")
 # older Triton appended the pointer-argument signature to the kernel name: _fwd_kernel_0d1d2d3de
@@ -49,31 +51,6 @@ class Entry:
     version: str
     source: str
     origin: str  # inventory file:line
-
-
-def qualified_name(demangled: str) -> str:
-    """The function's qualified name: no return type, template arguments or argument list
-    (``void a::b::K<int>(float*)`` -> ``a::b::K``)."""
-    text = demangled.strip().replace("(anonymous namespace)", "anonymous_namespace")
-    depth, cut = 0, len(text)
-    for i, c in enumerate(text):  # the argument list starts at the first '(' outside template brackets
-        if c == "<":
-            depth += 1
-        elif c == ">":
-            depth = max(0, depth - 1)
-        elif c == "(" and depth == 0 and i > 0:
-            cut = i
-            break
-    out, depth = [], 0
-    for c in text[:cut]:
-        if c == "<":
-            depth += 1
-        elif c == ">":
-            depth = max(0, depth - 1)
-        elif depth == 0:
-            out.append(c)
-    head = "".join(out).strip()
-    return head.split()[-1] if head.split() else head
 
 
 def identifier(demangled: str) -> str:

@@ -35,6 +35,7 @@ from profattr.errors import ProfattrError
 from profattr.trace.jsonstream import JSONStreamError, members
 from profattr.trace.ops import KIND_KERNEL, KIND_MEMCPY, KIND_MEMSET, Ops, pack_block, pack_grid
 from profattr.trace.validate import INT31, TORCH_NAMES, Claims
+from profattr.text import qualified_name
 
 GPU_CATS = {"kernel": KIND_KERNEL, "gpu_memcpy": KIND_MEMCPY, "gpu_memset": KIND_MEMSET}
 API_CATS = ("cuda_runtime", "cuda_driver")
@@ -54,29 +55,7 @@ MAX_FILES = 1024
 
 def short_name(demangled: str) -> str:
     """The function's own name, as nsys's shortName gives it: no return type, namespaces, templates, arguments."""
-    # "(anonymous namespace)" is a namespace, not an argument list
-    text = demangled.strip().replace("(anonymous namespace)", "anonymous_namespace")
-    depth, cut = 0, len(text)
-    for i, c in enumerate(text):  # cut at the argument list (outside template brackets)
-        if c == "<":
-            depth += 1
-        elif c == ">":
-            depth = max(0, depth - 1)
-        elif c == "(" and depth == 0 and i > 0:
-            cut = i
-            break
-    head = text[:cut]
-    out, depth = [], 0
-    for c in head:  # drop template arguments
-        if c == "<":
-            depth += 1
-        elif c == ">":
-            depth = max(0, depth - 1)
-        elif depth == 0:
-            out.append(c)
-    head = "".join(out).strip()
-    head = head.split()[-1] if head.split() else head  # drop "void" and qualifiers
-    return head.rsplit("::", 1)[-1] or demangled
+    return qualified_name(demangled).rsplit("::", 1)[-1] or demangled
 
 
 def trace_files(path: Path) -> list:
