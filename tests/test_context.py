@@ -421,3 +421,17 @@ def test_a_python_frame_of_the_launch_stack_decides(tmp_path):
     assert plain["python_frames"].startswith("absent") and plain["shares"]["context:python_frame"] == 0
     text = ok("classify", "--explain", "unheard_of_kernel", "--python-frame", frame)
     assert "context:python_frame rule python_frame.moe" in text
+
+
+def test_explain_names_what_each_inventory_says():
+    """`classify --explain --format json` lists every inventory row of the kernel's identifier, as the TSV holds it,
+    and says which rule decided: the inventory's own where no library rule covers the kernel."""
+    name = "_count_routed_per_rank_kernel"
+    rows = [r for lib in INVENTORIES for r in read_inventory(lib) if r["name"] == name]
+    assert rows
+    out = json.loads(ok("classify", "--explain", "--format", "json", name))[0]
+    assert [(e["library"], e["category"], e["source"]) for e in out["inventory"]] == \
+        [(r["library"], r["category"], r["source"]) for r in rows]
+    assert out["rule"] == f"inventory.{rows[0]['library']}" and out["category"] == rows[0]["category"]
+    text = ok("classify", "--explain", name)
+    assert f"inventory: {name} in {rows[0]['library']} {rows[0]['version']} ({rows[0]['source']})" in text

@@ -84,11 +84,23 @@ def _explained(ruleset, name, contexts, short=None, seen=None) -> dict:
            "also_matched": [{"rule": r.id, "category": r.category, "strength": r.strength}
                             for r in dict.fromkeys(also)],
            "contexts": [{"context": c.id, "kind": c.kind, "category": c.category, "strength": c.strength}
-                        for c in matched_contexts]}
+                        for c in matched_contexts],
+           "inventory": _inventoried(ruleset, name, short)}
     if seen is not None:
         row.update({"short_name": seen["name"], "ms_total": seen["ns"] / 1e6, "count": seen["count"],
                     "share": seen["share"], "torch_op": seen["torch_op"], "nvtx_module": seen["nvtx_module"]})
     return row
+
+
+def _inventoried(ruleset, name, short=None) -> list:
+    """The inventory rows of the kernel's function identifier (namespaced ones included), whether or not they
+    decided: what each library's source says the kernel is."""
+    from profattr.taxonomy.lookup import identifier
+
+    idents = {i for i in (short, identifier(name or "")) if i}
+    rows = [e for i in sorted(idents) for e in ruleset.inventory.entries_named(i)]
+    return [{"identifier": e.identifier, "library": e.library, "version": e.version, "source": e.source,
+             "category": e.category} for e in rows]
 
 
 def _render(rows, fmt, explain) -> str:
@@ -121,6 +133,9 @@ def _render(rows, fmt, explain) -> str:
             out.append(f"  context: {c['context']} ({c['kind']}, {c['strength']}) -> {c['category']}")
         for a in r["also_matched"]:
             out.append(f"  also matched: {a['rule']} -> {a['category']} ({a['strength']})")
+        for e in r.get("inventory") or []:
+            out.append(f"  inventory: {clean(e['identifier'])} in {clean(e['library'])} {clean(e['version'])} "
+                       f"({clean(e['source'])}) -> {e['category']}")
     return "\n".join(out)
 
 

@@ -88,6 +88,11 @@ class Inventory:
         """Every inventoried kernel named ``ident`` (any category), in file order."""
         return list(self._by_id.get(ident, ()))
 
+    def entries_named(self, ident: str) -> list:
+        """Every inventoried kernel whose identifier is ``ident``, bare or under a namespace (``Marlin``:
+        ``marlin::Marlin`` and ``marlin_moe::Marlin`` too)."""
+        return [e for key, group in self._by_id.items() if key == ident or key.endswith("::" + ident) for e in group]
+
     def find(self, demangled: str, short: Optional[str] = None) -> Optional[Entry]:
         """The inventoried kernel ``demangled`` is, when exactly one category is known for its identifier and its
         namespace is not a generic library's; else None."""
