@@ -193,3 +193,27 @@ def test_ctrl_c_and_sigterm_stop_the_window_and_leave_the_server_not_profiling()
     folders = [folder for kind, _, folder in events if folder]
     assert calls == [("start", "200"), ("stop", "200"), ("start", "200")] * 2
     assert folders == ["/tmp/cap/intr-INT", "/tmp/cap/probe-INT", "/tmp/cap/intr-TERM", "/tmp/cap/probe-TERM"]
+
+
+def test_explain_counts_the_capture_s_launches_as_the_trace_holds_them():
+    """`classify --capture C --kernel REGEX --explain` on a real trace (the attached window recorded with Python
+    stacks): per kernel, the launches and time it reports add up to the trace's own kernel events."""
+    from click.testing import CliRunner
+
+    from profattr.cli import cli
+
+    path = ATTACH / "glm-attach-stack-bs1-TP-0.trace.json.gz"
+    with gzip.open(path, "rt") as fh:
+        kernels = [ev for ev in json.load(fh)["traceEvents"] if ev.get("ph") == "X" and ev.get("cat") == "kernel"
+                   and "splitKreduce_kernel" in ev["name"]]
+    result = CliRunner().invoke(cli, ["classify", "--capture", str(path), "--kernel", "splitKreduce", "--explain",
+                                      "--format", "json"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)
+    assert sum(r["count"] for r in rows) == len(kernels)
+    assert sum(r["ms_total"] for r in rows) == pytest.approx(sum(ev["dur"] for ev in kernels) / 1000, rel=1e-3)
+    # the stack of each launch is a context of the explanation: the sampler's frames for its argmax reduction
+    result = CliRunner().invoke(cli, ["classify", "--capture", str(path), "--kernel", "ArgMaxOps", "--explain",
+                                      "--format", "json"])
+    contexts = {c["context"] for r in json.loads(result.stdout) for c in r["contexts"]}
+    assert "python_frame.sampling" in contexts

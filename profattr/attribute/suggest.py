@@ -46,7 +46,7 @@ def kernel_contexts(path, ruleset, force: bool = False) -> list:
             bits = int(att.mask[sel[0]])
             contexts = frozenset(p for b, p in enumerate(patterns) if (bits >> b) & 1)
             out.append({"name": row["name"], "demangled": row["demangled"], "ns": int(ns[sel].sum()),
-                        "count": int(sel.sum()), "contexts": contexts,
+                        "count": int(len(sel)), "contexts": contexts,
                         "torch_op": _most(torch_names[sel]), "nvtx_module": _most(modules[sel]),
                         "category": row["category"], "evidence": row["evidence"], "rule": row["rule"] or None,
                         "context_rule": row["context"] or None, "conflict": row["conflict"] or None})
