@@ -18,7 +18,10 @@ An identifier is not looked up when:
 * it is a CUB kernel (``DeviceRadixSort...Kernel``) that a library compiled in (GENERIC_IDENTIFIERS);
 * the demangled name puts it in a namespace of a generic library that other libraries instantiate (``cub::``,
   ``at::``, ``thrust::``, ``cutlass::``, ``cute::``, ``std::``): a ``cub::DeviceRadixSortOnesweepKernel`` built into
-  vLLM's MoE module is not vLLM's MoE kernel, and the library that owns such a name has no inventory here.
+  vLLM's MoE module is not vLLM's MoE kernel. ATen and CUTLASS are inventoried too, but their kernels are building
+  blocks (a reduction, an elementwise op, a GEMM template) whose role in a decode only the launch context or a
+  name rule tells (an ``at::native::reduce_kernel`` under ``aten::argmax`` is sampling), so their rows score the
+  rules (scripts/score-kernel-inventory) and do not decide.
 """
 from __future__ import annotations
 
