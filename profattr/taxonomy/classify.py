@@ -197,7 +197,7 @@ class RuleSet:
         if rule is None and short and short != name:
             rule = self._first(capped(short), ctx)
         if rule is None or (not rule.user and (rule.strength == "weak" or _convention(rule))):
-            rule = self.inventory_rule(name or "", short) or rule
+            rule = self.inventory_rule(capped(name or ""), short) or rule
         self._cache[key] = rule
         return rule
 
