@@ -103,20 +103,6 @@ def _sourced(entry: Optional[Dict[str, Any]]) -> Optional[Sourced]:
     return Sourced(float(entry["value"]), str(entry["source"])) if entry else None
 
 
-def _trace_gpus(path: Path) -> Dict[Any, Dict[str, Any]]:
-    from profattr.trace.source import open_trace
-
-    try:
-        trace = open_trace(path)
-    except ProfattrError:
-        return {}
-    try:
-        return {g["id"]: {"device": g["id"], "name": g.get("name"), "sm_count": g.get("smCount"),
-                          "memory_bytes": g.get("totalMemory")} for g in getattr(trace, "gpus", [])}
-    finally:
-        trace.close()
-
-
 def hardware_presets() -> List[str]:
     """Ids of the shipped hardware presets."""
     return sorted({load_toml(f"hardware/{f}")["id"] for f in preset_ids("hardware").values()})
@@ -160,10 +146,7 @@ def match_hardware(device_name: str) -> Optional[str]:
 
 
 def read_capture_gpus(path: Path) -> Dict[Any, Dict[str, Any]]:
-    """TARGET_INFO_GPU rows of an nsys SQLite export, by device id; for a torch-profiler trace (or a folder of
-    them) its `deviceProperties` (name, SM count, memory; no bandwidth or clock); {} when neither says."""
-    if Path(path).is_dir() or Path(path).name.endswith((".json", ".json.gz")):
-        return _trace_gpus(Path(path))
+    """TARGET_INFO_GPU rows of an nsys SQLite export, by device id; {} when the table is absent."""
     try:
         # read-only and immutable, as every capture is opened (trace/reader.py): nothing is created beside it
         conn = sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro&immutable=1", uri=True)

@@ -82,14 +82,6 @@ class Inventory:
         self._bare_categories: dict[str, set] = {}
         for key, group in by_id.items():
             self._bare_categories.setdefault(key.rsplit("::", 1)[-1], set()).update(e.category for e in group)
-        self.libraries = tuple(sorted({e.library for group in by_id.values() for e in group}))
-
-    def __len__(self) -> int:
-        return sum(len(v) for v in self._by_id.values())
-
-    def entries(self, ident: str) -> list:
-        """Every inventoried kernel named ``ident`` (any category), in file order."""
-        return list(self._by_id.get(ident, ()))
 
     def entries_named(self, ident: str) -> list:
         """Every inventoried kernel whose identifier is ``ident``, bare or under a namespace (``Marlin``:
