@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from conftest import EXAMPLES, SGLANG_CAPTURES, SGLANG_EAGER_CAPTURES, WORKLOAD_CAPTURES
-from profattr.attribute.budget import budget_of, compute_budget
+from profattr.attribute.budget import _one_window, compute_budget
 from profattr.taxonomy.classify import load_rules
 from profattr.trace import cache, store
 from profattr.trace.reader import open_export
@@ -67,7 +67,7 @@ def test_store_ops_are_the_readers_ops(name, export_example, tmp_path):
 def test_windowed_cached_and_uncached_budgets_are_identical(name, export_example, cache_dir, monkeypatch):
     path = export_example(name)
     with open_export(path) as export:  # the reference: every op in memory, read straight from SQLite
-        reference = budget_of(export, "auto", load_rules(()))
+        reference = _one_window(export, "auto", load_rules(()))
     monkeypatch.setenv("PROFATTR_WINDOW_OPS", "501")
     cold = compute_budget(path)
     assert list(cache_dir.glob("opstore/*/meta.json")), "the cold budget stored the capture"
@@ -82,7 +82,7 @@ def test_report_path_reads_the_cache(export_example, cache_dir):
     """keep_attribution (report, layers) takes every op from the store: the same attribution as from SQLite."""
     path = export_example("wl-graph-grouped-tp2")
     with open_export(path) as export:
-        reference = budget_of(export, "auto", load_rules(()))
+        reference = _one_window(export, "auto", load_rules(()))
     compute_budget(path)  # fills the cache
     warm = compute_budget(path, keep_attribution=True, by="layer")
     _same_budget(reference, compute_budget(path))
@@ -175,7 +175,7 @@ def test_unwritable_cache_falls_back(tmp_path, monkeypatch):
 def test_more_captures_windowed(name, export_example, cache_dir, monkeypatch):
     path = export_example(name)
     with open_export(path) as export:
-        reference = budget_of(export, "auto", load_rules(()))
+        reference = _one_window(export, "auto", load_rules(()))
     monkeypatch.setenv("PROFATTR_WINDOW_OPS", "1000")
     _same_budget(reference, compute_budget(path))
 

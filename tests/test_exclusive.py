@@ -22,7 +22,7 @@ from hypothesis.configuration import set_hypothesis_home_dir
 
 from conftest import GLM_CAPTURES, SGLANG_CAPTURES, SGLANG_EAGER_CAPTURES, WORKLOAD_2024_CAPTURES, WORKLOAD_CAPTURES
 from independent import GRAPH_STEPS_CTE, MEMOPS, NVTX_LIKE_STEPS_CTE, NVTX_STEPS_CTE, OPS_CTE, _connect, _tables, sql
-from profattr.attribute.budget import budget_of, compute_budget
+from profattr.attribute.budget import _one_window, compute_budget
 from profattr.attribute.exclusive import Exclusive
 from profattr.taxonomy.classify import load_rules
 from profattr.trace.ops import KIND_KERNEL
@@ -223,7 +223,7 @@ def test_torch_trace_exclusive_split_matches_an_independent_sweep():
 def test_tiny_windows_give_the_same_split(name, export_example, tmp_path, monkeypatch):
     path = export_example(name)
     with open_export(path) as export:
-        reference = budget_of(export, "auto", load_rules(()))
+        reference = _one_window(export, "auto", load_rules(()))
     monkeypatch.setenv("PROFATTR_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv("PROFATTR_NO_CACHE", raising=False)
     monkeypatch.setenv("PROFATTR_WINDOW_OPS", "97")

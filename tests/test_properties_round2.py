@@ -54,14 +54,14 @@ SHORT = _short_trace()
 
 
 def _budget(doc) -> dict:
-    from profattr.attribute.budget import budget_of
+    from profattr.attribute.budget import compute_budget
     from profattr.trace.kineto import KinetoTrace
 
     folder = Path(tempfile.mkdtemp(prefix="profattr-prop-"))
     path = folder / "t.json"
     path.write_text(json.dumps(doc))
     try:
-        b = budget_of(KinetoTrace(path)).to_dict()
+        b = compute_budget(KinetoTrace(path)).to_dict()
     finally:
         path.unlink()
         folder.rmdir()

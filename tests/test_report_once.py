@@ -69,6 +69,25 @@ def test_the_reports_checks_count_the_steps_of_its_budgets(tmp_path, options, sk
     assert f"median of {steps - skipped} steps" in budget  # the budget the checks counted is the report's
 
 
+def test_recorded_checks_stand_only_for_the_default_steps_and_rules(tmp_path):
+    """run.json records the findings `profattr check` made on the default steps: a report on those shows them as
+    recorded; a report with --skip-steps computes them again on its own steps, which count fewer (SQL's graph
+    steps less those left out)."""
+    recorded = json.loads((EXAMPLES / f"{SGLANG}.run.json").read_text())["check"]["findings"]
+    steps = expected_graph(EXAMPLES / f"{SGLANG}.sqlite")[0]["steps"]
+    out = tmp_path / "default"
+    _report([EXAMPLES / f"{SGLANG}.sqlite", "-o", out])
+    details = (out / "details.md").read_text()
+    assert "Recorded in run.json by `profattr check` when the capture was made." in details
+    assert set(_check_rows(details)) == {f["check"] for f in recorded}
+    out = tmp_path / "skipped"
+    _report([EXAMPLES / f"{SGLANG}.sqlite", "-o", out, "--skip-steps", "4"])
+    details = (out / "details.md").read_text()
+    assert ("Computed now by `profattr check` on this report's steps and rules (run.json's were made on the "
+            "default steps and rules).") in details
+    assert _check_rows(details)["steps"][1].startswith(f"{steps - 4} steps counted (graph)")
+
+
 def test_the_reports_checks_follow_its_steps_option(tmp_path):
     """--steps whole: one step, the whole capture; the checks say so instead of counting SQL's graph steps."""
     capture, run = _bare_checks_copy(tmp_path / "cap")
@@ -143,3 +162,17 @@ def test_a_report_opens_each_capture_once(tmp_path, monkeypatch, export_example,
     assert "Computed now by `profattr check`" in details and "Measured " in details  # checks and a gap ran
     assert opens.reader == {c.resolve(): 1 for c in captures}
     assert opens.other == {}
+
+
+def test_a_report_projected_to_another_gpu_opens_its_first_capture_once(tmp_path, monkeypatch, export_example):
+    """`report --to`: the projection is made from the report's own budget of the first capture (the same steps,
+    rules and skipped steps), without opening it again (it was opened twice)."""
+    monkeypatch.setenv("PROFATTR_CACHE", str(tmp_path / "cache"))
+    capture = export_example("glm5/glm-triton-bs1-r1")
+    profattr.open(capture).budget()  # the op store built first (once ever, on a connection of its own)
+    opens = _Opens(monkeypatch)
+    out = tmp_path / "report"
+    _report([capture, "-o", out, "--to", "rtx-pro-6000-ws", "--to-tp", "8"])
+    assert opens.reader == {capture.resolve(): 1}
+    assert opens.other == {}
+    assert "## On the target" in (out / "report.md").read_text()

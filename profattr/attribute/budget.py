@@ -37,8 +37,11 @@ from profattr.attribute.steps import find_steps
 from profattr.errors import ProfattrError
 from profattr.attribute.context import (ContextTexts, launch_stack_bits, torch_op_bits,
                                         warn_unmatched_contexts)
-from profattr.taxonomy.classify import load_rules
+from profattr.attribute.windows import by_windows
+from profattr.taxonomy.classify import RuleSet, load_rules
 from profattr.trace.ops import Ops
+from profattr.trace.cache import StoreSource
+from profattr.trace.protocol import is_reader
 from profattr.trace.source import open_trace
 # the types and the shared pieces live in budget_parts.py (windows.py builds from them too); importable here
 from profattr.attribute.budget_parts import (NS_PER_MS, SCHEMA, Attribution, Budget,  # noqa: F401
@@ -46,31 +49,36 @@ from profattr.attribute.budget_parts import (NS_PER_MS, SCHEMA, Attribution, Bud
                                              assemble, context_mask, context_ranges, placement_dict, skip_remap)
 
 
-def compute_budget(path, steps: str = "auto", rules: Sequence = (), force: bool = False,
-                   keep_attribution: bool = False, mapping=None, by: str = "category",
-                   layer_range: str | None = None, skip_steps=None, step_categories: bool = True) -> Budget:
-    """Read a capture (.sqlite, .nsys-rep exported on demand, or torch-profiler traces) and compute its per-step
-    budget. `path` may also be a reader already open (trace/source.py open_trace): it is read, and left open, so a
-    command that needs more than the budget opens the capture once.
+def compute_budget(capture, steps: str = "auto", rules=(), *, force: bool = False, keep_attribution: bool = False,
+                   mapping=None, by: str = "category", layer_range: str | None = None, skip_steps=None,
+                   step_categories: bool = True, require_work: bool = True) -> Budget:
+    """The per-step budget of a capture: the one budget engine every command and the library call.
 
-    `mapping`: an eager capture of the same workload whose NVTX context is lent to replayed graph ops that have
-    none (mapping.py). `by="layer"` adds per-layer rows to every device (`layer_range`: the layer regex).
-    `skip_steps`: leave out the first N steps of each thread, or "auto" the slow start the steady-state test
-    finds (attribute/steady.py); the budget says what it left out. `step_categories=False` leaves out
-    `per_step_category` (one row per step and category: what diff reads, the largest table of a long capture).
+    `capture`: a path (.sqlite, .nsys-rep exported on demand, torch-profiler traces, a folder of rank traces) or a
+    reader already open (trace/protocol.py Reader): it is read, and left open, so a command that needs more than
+    the budget opens the capture once. `rules`: rule files (TOML), or a RuleSet already loaded.
+
+    How it is computed is the engine's choice, and the result is the same either way: window by window over the
+    capture's op store (windows.py: memory bounded by a window) where nothing asks for every op at once, else in
+    one window over all ops (`keep_attribution`, `mapping`, layers; readers without windows; damaged rows, which the
+    one-window path counts and names). `mapping`: an eager capture of the same workload whose NVTX context is lent
+    to replayed graph ops that have none (mapping.py). `by="layer"` adds per-layer rows to every device
+    (`layer_range`: the layer regex). `skip_steps`: leave out the first N steps of each thread, or "auto" the slow
+    start the steady-state test finds (attribute/steady.py); the budget says what it left out.
+    `step_categories=False` leaves out `per_step_category` (one row per step and category: what diff reads, the
+    largest table of a long capture). `require_work=False` (the checks) returns a budget with no devices instead of
+    the error when the steps hold no GPU work.
     """
     if by not in ("category", "layer"):
         raise ProfattrError(f"--by {by!r}: expected category or layer")
-    ruleset = load_rules(rules)
-    source = None
-    if mapping is not None:
-        source = _mapping_attribution(mapping, steps, ruleset, force)
-    windowed = source is None and not keep_attribution and by == "category" and layer_range is None
-    if is_reader(path):
-        budget = _read_budget(path, steps, ruleset, source, skip_steps, step_categories, windowed)
+    ruleset = rules if isinstance(rules, RuleSet) else load_rules(rules)
+    lent = _mapping_attribution(mapping, steps, ruleset, force) if mapping is not None else None
+    windowed = lent is None and not keep_attribution and by == "category" and layer_range is None
+    if is_reader(capture):
+        budget = _read_budget(capture, steps, ruleset, lent, skip_steps, step_categories, windowed, require_work)
     else:
-        with open_trace(path, force=force) as export:
-            budget = _read_budget(export, steps, ruleset, source, skip_steps, step_categories, windowed)
+        with open_trace(capture, force=force) as export:
+            budget = _read_budget(export, steps, ruleset, lent, skip_steps, step_categories, windowed, require_work)
     attribution = budget.attribution
     if not windowed:  # the spread of the largest kernels: where the caller reads every op at once (not where a
         kernel_distributions(budget)  # windowed budget fell back to one window: its JSON stays the same)
@@ -83,22 +91,22 @@ def compute_budget(path, steps: str = "auto", rules: Sequence = (), force: bool 
     return budget
 
 
-def is_reader(capture) -> bool:
-    """Whether `capture` is an open reader (trace/source.py open_trace) rather than a path."""
-    return hasattr(capture, "ops") and hasattr(capture, "ranges")
-
-
-def _read_budget(export, steps: str, ruleset, mapping, skip_steps, step_categories: bool, windowed: bool) -> Budget:
+def _read_budget(export, steps: str, ruleset, mapping, skip_steps, step_categories: bool, windowed: bool,
+                 require_work: bool) -> Budget:
     """The budget of an open reader: window by window where it can, else in one window (keeping the attribution)."""
     warn_unmatched_contexts(export, ruleset)
     reader = store_source(export)
     try:
-        budget = budget_windowed(reader, steps, ruleset, skip_steps, step_categories) if windowed else None
-        claims = getattr(reader, "claims", None)
-        if budget is not None and (not budget.devices or (claims is not None and claims.total())):
+        budget = None
+        if windowed and isinstance(reader, StoreSource):  # None when its ops are not in start order
+            budget = by_windows(reader, steps, ruleset, skip_steps, step_categories)
+        if budget is not None and (not budget.devices or reader.claims.total()):
             budget = None  # damaged rows or no work in the steps: the one-window path counts and says it
-        if budget is None:  # needs every op at once (attribution, layers, mapping) or ops out of start order
-            budget = budget_of(reader, steps, ruleset, mapping=mapping, skip_steps=skip_steps)
+        if budget is not None:
+            annotate_precision(budget.devices, ruleset)
+        else:  # needs every op at once (attribution, layers, mapping), or no windows to read
+            budget = _one_window(reader, steps, ruleset, mapping=mapping, skip_steps=skip_steps,
+                                 require_work=require_work)
     finally:
         if reader is not export:
             reader.close()
@@ -120,25 +128,10 @@ def store_source(export):
     return export
 
 
-def budget_windowed(source, steps_spec: str, ruleset, skip_steps=None, step_categories: bool = True
-                    ) -> "Budget | None":
-    """The budget of an op-store reader (trace/cache.py StoreSource), window by window (attribute/windows.py);
-    None when its ops are not in start order (then budget_of computes it in one window)."""
-    from profattr.attribute.windows import windowed_budget
-
-    if getattr(source, "store", None) is None:  # a torch-profiler trace: streamed into columns, no op store
-        return None
-    budget = windowed_budget(source, steps_spec, ruleset, skip_steps, step_categories)
-    if budget is not None:
-        annotate_precision(budget.devices, ruleset)
-    return budget
-
-
-def budget_of(export, steps: str = "auto", ruleset=None, mapping: "Attribution | None" = None,
-              skip_steps=None, require_work: bool = True) -> Budget:
-    """The budget of an open reader (trace/source.py open_trace), keeping its attribution. `require_work=False`
-    (the checks) returns a budget with no devices instead of the error when its steps hold no GPU work."""
-    ruleset = ruleset if ruleset is not None else load_rules(())
+def _one_window(export, steps: str, ruleset, mapping: "Attribution | None" = None, skip_steps=None,
+                require_work: bool = True) -> Budget:
+    """The budget of an open reader over all its ops at once, keeping its attribution (compute_budget's engine
+    where windows cannot serve; the tests' reference for the windowed one)."""
     attribution = attribute(export, steps, ruleset, mapping=mapping)
     budget = summarize(export, attribution)
     if skip_steps not in (None, 0, "0"):
@@ -147,14 +140,13 @@ def budget_of(export, steps: str = "auto", ruleset=None, mapping: "Attribution |
             how = "auto: the slow start the steady-state test found" if skip_steps == "auto" else "--skip-steps"
             attribution = skip_leading_steps(attribution, leading, f"first {leading} step(s) of each thread ({how})")
             budget = summarize(export, attribution)
-    claims = getattr(export, "claims", None)
+    claims = export.claims
     if require_work or len(attribution.ops) == 0:
         _require_work(export, budget, attribution, claims)
     budget.attribution = attribution
     annotate_precision(budget.devices, ruleset)
-    if claims is not None:
-        budget.skipped_rows = {t: dict(r) for t, r in claims.skipped.items()}
-        claims.warn()
+    budget.skipped_rows = {t: dict(r) for t, r in claims.skipped.items()}
+    claims.warn()
     return budget
 
 
@@ -162,8 +154,8 @@ def _require_work(export, budget: Budget, att: Attribution, claims) -> None:
     """One clear error when there is nothing to budget: no GPU work in the capture, or none inside its steps."""
     if budget.devices:
         return
-    damaged = f" (and {claims.total()} damaged row(s) were skipped)" if claims is not None and claims.total() else ""
-    if len(att.ops) == 0 and claims is not None and getattr(claims, "why_no_work", None) and claims.why_no_work():
+    damaged = f" (and {claims.total()} damaged row(s) were skipped)" if claims.total() else ""
+    if len(att.ops) == 0 and claims.why_no_work():
         raise ProfattrError(claims.why_no_work())
     if len(att.ops) == 0:
         raise ProfattrError(f"{export.path}: no GPU work in the capture: no kernel, memcpy or memset rows{damaged}; "

@@ -36,8 +36,7 @@ def innermost_nested(range_tid, range_start, range_end, tid, t_ns) -> np.ndarray
 
 def torch_ops_frame(export):
     """The reader's torch operators (start, end, tid, text), or None when it has none."""
-    getter = getattr(export, "torch_ops", None)
-    frame = getter() if getter is not None else None
+    frame = export.torch_ops()
     return frame if frame is not None and len(frame) else None
 
 
@@ -62,8 +61,7 @@ def launch_ops(export, ops) -> np.ndarray:
 
 def python_frames_frame(export):
     """The reader's Python frames (start, end, tid, text), or None when it recorded none (no with_stack)."""
-    getter = getattr(export, "python_frames", None)
-    frame = getter() if getter is not None else None
+    frame = export.python_frames()
     return frame if frame is not None and len(frame) else None
 
 
@@ -145,9 +143,9 @@ class ContextTexts:
         self.modules: Counter = Counter()  # (combo id, module path) -> ns
         self.torch: Counter = Counter()  # (combo id, operator) -> ns
         self.replay_ns: Counter = Counter()  # (device, combo id) -> ns of ops placed at their graph capture
-        self.torch_state = TORCH_OPS_NOT_TORCH if getattr(export, "format", "") != "torch" else (
+        self.torch_state = TORCH_OPS_NOT_TORCH if export.format != "torch" else (
             "present" if torch_ops_frame(export) is not None else TORCH_OPS_ABSENT)
-        self.frames_state = TORCH_OPS_NOT_TORCH if getattr(export, "format", "") != "torch" else (
+        self.frames_state = TORCH_OPS_NOT_TORCH if export.format != "torch" else (
             "present" if python_frames_frame(export) is not None else FRAMES_ABSENT)
 
     def add(self, ops, combo_ids, evidence, conflict, ranges, ctx_tid, ctx_ns, status, inside) -> None:

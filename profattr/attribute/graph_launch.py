@@ -38,7 +38,8 @@ def launch_costs(source) -> dict | None:
     """Medians over a capture's graph launches (µs): `call_us` on the host, `call_to_gpu_us` from the call to its
     first GPU work, `wait_us` the GPU's idle right before that work; with `tracing` (node or graph) and
     `launches`. None for a capture without graph launches or one that is not an nsys export."""
-    if getattr(source, "format", None) != "nsys":
+    source = source.nsys_tables()
+    if source is None:
         return None
     mode = graph_tracing(source)
     g = launch_gpu_starts(source) if mode else None

@@ -21,12 +21,14 @@ SYNC_KIND = 3  # api_calls(): 3 synchronization
 
 
 def host_cycle(trace) -> dict | None:
-    """{"host_cycle_ms", "host_lead_ms", "graph_launches", "sync_ms_per_step", "launch_call_ms"} of a trace, or
-    None when it records no graph launches (an eager capture) or no CUDA calls."""
-    if not hasattr(trace, "arrays") or not trace.has("CUPTI_ACTIVITY_KIND_RUNTIME"):
+    """{"host_cycle_ms", "host_lead_ms", "graph_launches", "sync_ms_per_step", "launch_call_ms"} of a reader
+    (trace/protocol.py), or None when it records no graph launches (an eager capture), no CUDA calls, or is not an
+    nsys export (the launch SQL needs its tables)."""
+    tables = trace.nsys_tables()
+    if tables is None or not tables.has("CUPTI_ACTIVITY_KIND_RUNTIME"):
         return None
-    sql = load_query("host_graph_launch_lead" if trace.has("NVTX_EVENTS") else "host_graph_launches")
-    g = trace.arrays(sql, ["tid", "start", "end", "range_start"])
+    sql = load_query("host_graph_launch_lead" if tables.has("NVTX_EVENTS") else "host_graph_launches")
+    g = tables.arrays(sql, ["tid", "start", "end", "range_start"])
     if len(g["tid"]) < 2:
         return None
     tids, counts = np.unique(g["tid"], return_counts=True)

@@ -471,11 +471,11 @@ def analyse_drill(ncu, categories: Mapping[str, str], families: Mapping[str, Opt
                         "an nsys capture; shares of peak are what the verdicts use" if boost else ""))
     if peak:
         notes.append(f"DRAM peak {peak / 1e12:.2f} TB/s: ncu's own (bytes/s over the share of peak they are)")
-    missing = tuple(getattr(ncu, "missing_sections", ()))
+    missing = tuple(ncu.missing_sections)
     if missing:
         notes.append(f"collected without the {', '.join(missing)} section(s): occupancy not reported")
     info = drill_info(ncu.run, len(kernels))
-    info["skipped_rows"] = {reason: n for reason, n in getattr(ncu, "skipped", ())}
+    info["skipped_rows"] = {reason: n for reason, n in ncu.skipped}
     info["missing_sections"] = list(missing)
     return DrillAnalysis(
         csv=str(ncu.path), ncu_version=ncu.ncu_version, info=info, kernels=kernels,

@@ -57,7 +57,9 @@ def _name(path) -> str:
 
 
 class MergedSource:
-    """The reader interface over several ranks' readers (op stores or exports), as one capture of all of them."""
+    """The reader interface (trace/protocol.py Reader) over several ranks' readers (op stores or exports), as one
+    capture of all of them. String ids of names (ops, kernel configurations, CPU samples) are remapped into one
+    table; call ops() first: it builds that table."""
 
     format = "nsys"
 
@@ -67,7 +69,8 @@ class MergedSource:
         self.sources = sources
         first = sources[0]
         self.path = " + ".join(str(s.path) for s in sources)
-        self.nsys_version, self.schema_version = first.nsys_version, first.schema_version
+        self.nsys_version = first.nsys_version
+        self.schema_version = first.schema_version
         self.tool_version = first.tool_version
         gpus = {}
         for s in sources:
@@ -76,9 +79,22 @@ class MergedSource:
         self.gpus = [gpus[k] for k in sorted(gpus, key=lambda k: (k is None, k))]
         self._strings: dict = {}
 
-    def _remap(self, src, ops: Ops) -> dict:
-        """Old string id -> merged id for the names one source's ops use (the same id when the name agrees)."""
-        ids = sorted({int(x) for x in np.unique(np.concatenate([ops.demangled_id, ops.name_id])) if x >= 0})
+    @property
+    def claims(self):
+        """The ranks' claims as one: what each skipped, summed by table and reason."""
+        from profattr.trace.validate import Claims
+
+        merged = Claims(self.path)
+        for src in self.sources:
+            for table, reasons in src.claims.skipped.items():
+                entry = merged.skipped.setdefault(table, {})
+                for reason, n in reasons.items():
+                    entry[reason] = entry.get(reason, 0) + n
+        return merged
+
+    def _remap(self, src, ids) -> dict:
+        """Old string id -> merged id for the names `ids` of one source (the same id when the name agrees)."""
+        ids = sorted({int(x) for x in np.unique(ids) if x >= 0})
         values = src.strings(ids)
         by_value = {v: k for k, v in self._strings.items()}
         remap = {}
@@ -97,21 +113,39 @@ class MergedSource:
             remap[old] = new
         return remap
 
+    def _mapped(self, index: int, arrays: dict, columns) -> dict:
+        """`arrays` of source `index` with the string-id `columns` remapped into the merged table."""
+        src = self.sources[index]
+        remap = {k: v for k, v in self._remap(src, np.concatenate([arrays[c] for c in columns])).items() if k != v}
+        out = dict(arrays)
+        for col in columns if remap else ():
+            values = arrays[col]
+            mapped = values.copy()
+            for old, new in remap.items():
+                mapped[values == old] = new
+            out[col] = mapped
+        return out
+
+    def _concat(self, parts: list):
+        parts = [p for p in parts if p is not None]
+        if not parts:
+            return None
+        return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
     def ops(self, include_memory: bool = True) -> Ops:
         """Every rank's ops, rank after rank (call first: it also builds the merged string table)."""
         parts = []
         self._strings = {}
-        for src in self.sources:
+        for i, src in enumerate(self.sources):
             ops = src.ops(include_memory)
-            remap = {k: v for k, v in self._remap(src, ops).items() if k != v}
-            for col in ("demangled_id", "name_id") if remap else ():
-                values = getattr(ops, col)
-                mapped = values.copy()
-                for old, new in remap.items():
-                    mapped[values == old] = new
-                setattr(ops, col, mapped)
+            cols = self._mapped(i, {"demangled_id": ops.demangled_id, "name_id": ops.name_id},
+                                ("demangled_id", "name_id"))
+            ops.demangled_id, ops.name_id = cols["demangled_id"], cols["name_id"]
             parts.append(ops)
         return Ops(**{k: np.concatenate([getattr(p, k) for p in parts]) for k in parts[0].__dict__})
+
+    def time_windows(self, size: int | None = None):
+        return None  # the ranks side by side are read at once
 
     def ranges(self) -> pd.DataFrame:
         frames = [s.ranges() for s in self.sources]
@@ -120,18 +154,16 @@ class MergedSource:
         return frame.sort_values(["tid", "start"], kind="stable").reset_index(drop=True)
 
     def graph_launches(self):
-        parts = [g for g in (s.graph_launches() for s in self.sources) if g is not None]
-        if not parts:
+        g = self._concat([s.graph_launches() for s in self.sources])
+        if g is None:
             return None
-        g = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
         order = np.lexsort((g["start"], g["tid"]))
         return {k: v[order] for k, v in g.items()}
 
     def node_creation(self):
-        parts = [n for n in (s.node_creation() for s in self.sources) if n is not None]
-        if not parts:
+        ev = self._concat([s.node_creation() for s in self.sources])
+        if ev is None:
             return None
-        ev = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
         order = np.lexsort((-ev["original"], ev["node"]))
         ev = {k: v[order] for k, v in ev.items()}
         first = np.ones(len(ev["node"]), dtype=bool)
@@ -141,6 +173,38 @@ class MergedSource:
     def strings(self, ids) -> dict:
         return {int(i): self._strings[int(i)] for i in ids if i is not None and int(i) in self._strings}
 
+    def api_calls(self) -> dict:
+        return self._concat([s.api_calls() for s in self.sources])  # thread ids hold the process: no clash
+
+    def api_keys(self) -> np.ndarray:
+        return np.concatenate([s.api_keys() for s in self.sources])  # process << 32 | correlationId: no clash
+
+    def record_span(self) -> tuple:
+        spans = [s.record_span() for s in self.sources]
+        starts = [a for a, _ in spans if a is not None]
+        ends = [b for _, b in spans if b is not None]
+        return (min(starts), max(ends)) if starts and ends else (None, None)
+
+    def kernel_configs(self) -> dict:
+        return self._concat([self._mapped(i, s.kernel_configs(), ("name",)) for i, s in enumerate(self.sources)])
+
+    def cpu_samples(self):
+        columns = ("leaf_symbol", "leaf_module", "py_symbol", "py_module")
+        return self._concat([None if got is None else self._mapped(i, got, columns)
+                             for i, got in enumerate(s.cpu_samples() for s in self.sources)])
+
+    def sampling_period_ns(self):
+        return next((p for p in (s.sampling_period_ns() for s in self.sources) if p is not None), None)
+
+    def torch_ops(self):
+        return None
+
+    def python_frames(self):
+        return None
+
+    def nsys_tables(self):
+        return None  # several exports: no one set of SQL tables
+
     def close(self) -> None:
         for s in self.sources:
             s.close()
@@ -149,8 +213,7 @@ class MergedSource:
 def merged_budget(paths: Sequence, steps: str = "auto", rules: Sequence = (), export_with_recipe: bool = False):
     """One Budget over the per-rank reports of one run (see the module docstring): every device, and with two or
     more ranks running collectives, the comm split."""
-    from profattr.attribute.budget import budget_of, store_source
-    from profattr.taxonomy.classify import load_rules
+    from profattr.attribute.budget import compute_budget, store_source
     from profattr.trace.source import open_trace
 
     opened, sources = [], []
@@ -160,9 +223,7 @@ def merged_budget(paths: Sequence, steps: str = "auto", rules: Sequence = (), ex
             opened.append(export)
             sources.append(store_source(export))
         merged = MergedSource(sources)
-        budget = budget_of(merged, steps, load_rules(rules))
-        budget.attribution = None
-        return budget
+        return compute_budget(merged, steps, rules)
     finally:
         for s, e in zip(sources, opened):
             if s is not e:

@@ -24,6 +24,7 @@ import numpy as np
 
 from profattr.attribute.nvtx import Ranges, enclosed, innermost
 from profattr.errors import ProfattrError
+from profattr.trace.ops import Ops
 
 STEP_NAME_HINT = re.compile(r"decode|step|forward|iteration|iter\b|batch", re.IGNORECASE)
 DECODE_SPAN = re.compile(r"^step\[DECODE bs=\d+\]$")  # SGLang's per-forward span (profile_utils.build_step_span_name)
@@ -161,8 +162,9 @@ def _alike(counts: np.ndarray, graph_launch_step: np.ndarray | None, n: int) -> 
 def launch_windows(ops):
     """(launch_tid, launch_ns, launched) per window of ops: one window for in-memory Ops, several for an op store
     (trace/store.py), so that choosing steps never needs every op in memory at once."""
-    windows = getattr(ops, "launch_windows", None)
-    return windows() if windows is not None else [(ops.launch_tid, ops.launch_ns, ops.launched)]
+    if isinstance(ops, Ops):
+        return [(ops.launch_tid, ops.launch_ns, ops.launched)]
+    return ops.launch_windows()
 
 
 def _launched_points(tid, t_ns, launched):

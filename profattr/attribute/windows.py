@@ -17,9 +17,9 @@ from profattr.attribute.nvtx import distinct_points, load_ranges
 from profattr.attribute.steps import find_steps
 
 
-def windowed_budget(source, steps_spec: str, ruleset, skip_steps=None, step_categories: bool = True):
-    """The Budget of `source` (a StoreSource), or None when its ops are not in start order; without
-    `step_categories`, its per_step_category is None (and never held)."""
+def by_windows(source, steps_spec: str, ruleset, skip_steps=None, step_categories: bool = True):
+    """The Budget of `source` (an op-store reader, trace/cache.py StoreSource) window by window; None when its ops
+    are not in start order. Without `step_categories`, its per_step_category is None (and never held)."""
     store = source.store
     ranges = load_ranges(source)
     steps = find_steps(source, steps_spec, ranges, store)
@@ -41,7 +41,7 @@ def _pass(source, store, steps, ranges, patterns, combos: Combos, remap=None, as
     (all of them) and then renumbered into `steps` (-1: a left-out step)."""
     assign = steps if assign is None else assign
 
-    windows = source.time_windows() if hasattr(source, "time_windows") else store.time_windows()
+    windows = source.time_windows()
     if windows is None:
         return None
     totals = StepTotals(step_categories)

@@ -105,8 +105,9 @@ def check_graphs_recorded(run: dict | None, facts) -> Finding:
 
 def _cuda_version(run: dict | None, source) -> int | None:
     """The CUDA driver's version as 1000 * major + 10 * minor (13000 for 13.0), when recorded."""
-    if source.format == "nsys" and source.has("TARGET_INFO_SYSTEM_ENV"):
-        rows = source.query("SELECT value FROM TARGET_INFO_SYSTEM_ENV WHERE name = 'CudaDriverVersion'")
+    tables = source.nsys_tables()
+    if tables is not None and tables.has("TARGET_INFO_SYSTEM_ENV"):
+        rows = tables.query("SELECT value FROM TARGET_INFO_SYSTEM_ENV WHERE name = 'CudaDriverVersion'")
         for (value,) in rows:
             try:
                 return int(value)

@@ -42,12 +42,13 @@ def gather(source, ops) -> Facts:
         for i, c, t in sorted(zip(ids.tolist(), counts.tolist(), ns.tolist()), key=lambda r: -r[2]):
             names.append((strings.get(i), strings.get(short_of[i]), c, int(round(t))))
     facts = Facts(devices=devices, calls=calls, names=names, api=api, format=source.format)
-    if source.format == "nsys":
+    tables = source.nsys_tables()
+    if tables is not None:
         from profattr.check.nsys_records import diagnostics, nvtx_event_types, traced_cuda
 
-        facts.nvtx_types = nvtx_event_types(source)
-        facts.diagnostics = diagnostics(source)
-        facts.traced_cuda = traced_cuda(source)
+        facts.nvtx_types = nvtx_event_types(tables)
+        facts.diagnostics = diagnostics(tables)
+        facts.traced_cuda = traced_cuda(tables)
     return facts
 
 

@@ -54,7 +54,7 @@ def check_graph_nodes(facts) -> Finding:
 def check_replay_ids(source) -> Finding | None:
     """Replayed graph ops recorded without a correlationId (newer nsys, graphs built before the capture): how many,
     and how many reached their cudaGraphLaunch by replay order (trace/graph_replays.py). None when there are none."""
-    links = getattr(getattr(source, "claims", None), "replay_links", None)
+    links = source.claims.replay_links
     if links is None:
         return None
     status = PASS if links.linked == links.ops else FAIL

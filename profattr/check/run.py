@@ -22,10 +22,10 @@ def _empty_ops() -> Ops:
 
 def _budget(source) -> tuple:
     """(Budget or None, ops, why not)."""
-    from profattr.attribute.budget import budget_of
+    from profattr.attribute.budget import compute_budget
 
-    try:
-        budget = budget_of(source, "auto", require_work=False)  # steps without GPU work are a finding here
+    try:  # steps without GPU work are a finding here, not an error
+        budget = compute_budget(source, keep_attribution=True, require_work=False)
     except ProfattrError as exc:
         try:
             ops = source.ops()

@@ -284,6 +284,6 @@ def check_steps(run: dict | None, budget, why_not: str | None, devices: list | N
     # SGLang counts the prefill of the window's requests as a step; it is no graph replay
     if all(requested - 2 <= v + left_out <= requested + 1 for v in per_device.values()):
         return Finding("steps", PASS, text, data)
-    reason = getattr(budget, "steps_reason", "") or ""
+    reason = budget.steps_reason or ""
     return Finding("steps", WARN, f"{text}: the window held other work than the requested decode steps"
                    + (f" ({reason})" if reason else ""), data)

@@ -58,8 +58,9 @@ def _dummy_routing(capture: Path, run_json: Optional[Path], source) -> Optional[
 
 
 def project_capture(capture: Path, to: str, *, tp=None, layers=None, batch=None, interconnect="auto", host="measured",
-                    allreduce="oneshot", run_json=None, steps="auto", replicates=()) -> dict:
-    """`profattr.project/1` of one capture (and the band over replicate captures)."""
+                    allreduce="oneshot", run_json=None, steps="auto", replicates=(), measured=None) -> dict:
+    """`profattr.project/1` of one capture (and the band over replicate captures). `measured`: (budget dict, host
+    cycle) of `capture` already read by the caller (a report's own budget of it): the capture is not opened again."""
     from profattr.attribute.budget import compute_budget
     from profattr.attribute.host_cycle import host_cycle
     from profattr.limits.gap import budget_gpus
@@ -79,10 +80,12 @@ def project_capture(capture: Path, to: str, *, tp=None, layers=None, batch=None,
                                 f"{'nvlink' if dst_hw.interconnect == 'nvlink' else 'pcie5'} or none")
     results = []
     for path in [capture, *replicates]:
-        sqlite_path = Path(resolve_capture(path))
-        with open_trace(sqlite_path) as trace:  # opened once: the budget, its GPUs and the host cycle
-            budget = compute_budget(trace, steps=steps).to_dict()
-            measured_host = host_cycle(trace)
+        if measured is not None and path == capture:
+            budget, measured_host = measured
+        else:
+            with open_trace(Path(resolve_capture(path))) as trace:  # opened once: the budget, its GPUs, the host
+                budget = compute_budget(trace, steps=steps).to_dict()
+                measured_host = host_cycle(trace)
         names = {str(g.get("name") or "") for g in budget_gpus(budget).values()}
         matched = {match_hardware(n) for n in names if n}
         if len(matched) != 1 or None in matched:

@@ -98,7 +98,7 @@ def campaign_lines(entries: Sequence[dict], chart: str | None, ledger: str) -> l
 
 def campaign_section(data) -> list:
     """The section of a capture report (`data.campaign` set by `profattr report --ledger`), else nothing."""
-    if getattr(data, "campaign", None) is None:
+    if data.campaign is None:
         return []
     return campaign_lines(data.campaign, data.charts.get("campaign"), data.campaign_ledger)
 

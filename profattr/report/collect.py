@@ -10,6 +10,7 @@ from typing import Optional, Sequence
 
 from profattr import progress
 from profattr.attribute.budget import compute_budget
+from profattr.attribute.host_cycle import host_cycle
 from profattr.attribute.diff import BOOTSTRAP_SAMPLES, Side, compute_diff, expand, group, load_side
 from profattr.errors import ProfattrError
 from profattr.report import why_slow
@@ -35,7 +36,7 @@ class CaptureReport:
     run_note: Optional[str] = None
     checks: Optional[list] = None  # finding dicts: check, status, message
     checks_source: str = "none"  # run.json | now | none
-    checks_note: Optional[str] = None  # why there are none (an error message)
+    checks_note: Optional[str] = None  # why there are none (an error message), or why they were computed now
     gap: Optional[dict] = None  # profattr.gap/1
     gap_note: Optional[str] = None  # why there is no gap (plain text, unescaped)
     side: Optional[Side] = field(default=None, repr=False)
@@ -113,21 +114,24 @@ def read_run(path: Path):
     return run, str(run_path), None
 
 
-def lint_findings(path: Path, run: Optional[dict], source, budget):
+def lint_findings(path: Path, run: Optional[dict], source, budget, defaults: bool = True):
     """(finding dicts or None, source, note): source `run.json` when the capture recorded `profattr check`'s
-    findings, `now` when they were computed here (from `source`, the capture's open reader, and `budget`, the
-    report's budget of it: the checks count the report's steps), `none` (with the reason in note) when neither
-    worked."""
+    findings and the report's budget is what they were computed on (`defaults`: the default steps, rules and no
+    skipped steps, as `profattr capture` checks), `now` when they were computed here (from `source`, the capture's
+    open reader, and `budget`, the report's budget of it: the checks count the report's steps and rules; note: why
+    not the recorded ones), `none` (with the reason in note) when neither worked."""
     recorded = (run or {}).get("check")
-    if isinstance(recorded, dict) and isinstance(recorded.get("findings"), list):
+    has_recorded = isinstance(recorded, dict) and isinstance(recorded.get("findings"), list)
+    if defaults and has_recorded:
         return [f for f in recorded["findings"] if isinstance(f, dict)], "run.json", None
+    why = ("run.json's were made on the default steps and rules" if has_recorded else "run.json records none")
     try:
         from profattr.check.run import evaluate_budget, fresh_server_log, located
 
         findings = evaluate_budget(source, budget, fresh_server_log(located(path)))
     except ProfattrError as exc:
         return None, "none", exc.format_message()
-    return [f.to_dict() for f in findings], "now", None
+    return [f.to_dict() for f in findings], "now", why
 
 
 def capture_gap(budget: dict, run: Optional[dict], run_path: Optional[str], hardware: Optional[str]):
@@ -231,16 +235,21 @@ def collect_report(paths: Sequence, labels: Optional[Sequence[str]] = None, step
                    rules: Sequence = (), hardware: Optional[str] = None, samples: int = BOOTSTRAP_SAMPLES,
                    changed: Optional[str] = None, force_export: bool = False,
                    mappings: Optional[dict] = None, skip_steps=None, drills: Sequence = (),
-                   layers: bool = False, graph_twins: Optional[dict] = None) -> ReportData:
+                   layers: bool = False, graph_twins: Optional[dict] = None,
+                   project_to: Optional[dict] = None) -> ReportData:
     """Budgets, launch stats, lint findings and gaps of every capture; diffs of each against the first; the ranked
     bottlenecks; the taxonomy evidence. Captures are .sqlite exports or .nsys-rep reports; `mappings` gives a
     capture (as passed) an eager twin that lends NVTX context to its replayed graph kernels; `drills` names ncu
     drill CSVs (paths, or (capture as passed, path)) beyond those found beside the captures; `layers` breaks every
     capture down by model layer (captures with a mapping always are); `graph_twins` gives a capture (as passed) a
-    twin traced at graph level (--cuda-graph-trace graph), against which its graph launches' cost is set."""
+    twin traced at graph level (--cuda-graph-trace graph), against which its graph launches' cost is set.
+    `project_to`: project_capture's options (to, tp, layers): the first capture projected to that GPU from the
+    report's own budget of it (the `projection`)."""
     if labels is not None and len(labels) != len(paths):
         raise ProfattrError(f"--labels gives {len(labels)} label(s) for {len(paths)} capture(s); give one per capture")
-    captures = []
+    captures, projection = [], None
+    # the checks `profattr capture` recorded were computed on the default steps and rules: shown only then
+    defaults = steps == "auto" and not rules and skip_steps in (None, 0, "0")
     for given in paths:
         path = Path(given)
         run, run_path, run_note = read_run(path)
@@ -257,11 +266,17 @@ def collect_report(paths: Sequence, labels: Optional[Sequence[str]] = None, step
             launches = launch_stats(budget, source)
             _add_graph_tracing(launches, source, (graph_twins or {}).get(given))
             views = capture_views(budget, source=source)  # the median step of each GPU (report/timeline.py)
-            checks, checks_source, checks_note = lint_findings(Path(budget.path), run, source, budget)
+            checks, checks_source, checks_note = lint_findings(Path(budget.path), run, source, budget, defaults)
+            projected = project_to is not None and not captures  # the first capture, with --to
+            host = host_cycle(source) if projected else None
         budget.attribution = None  # the arrays are no longer needed; the diff needs only the per-step tables
         data = budget.to_dict()
+        if projected:  # from the report's own budget of it: not opened again
+            from profattr.limits.project_commands import project_capture
+
+            projection = project_capture(path, measured=(data, host), **project_to)
         side = Side(str(path), data, budget.per_step, budget.per_step_category, run)
-        side.per_step_comm = getattr(budget, "per_step_comm", None)  # per-step collective waits (several GPUs)
+        side.per_step_comm = budget.per_step_comm  # per-step collective waits (several GPUs)
         if len(members) > 1:
             rest = [load_side(m, steps=steps, rules=rules, mapping=mapping, by=by, skip_steps=skip_steps)
                     for m in members[1:]]
@@ -300,7 +315,7 @@ def collect_report(paths: Sequence, labels: Optional[Sequence[str]] = None, step
     bottlenecks = rank_bottlenecks([c.as_input() for c in captures], diffs)
     return ReportData(captures=captures, diffs=diffs, bottlenecks=bottlenecks,
                       evidence=evidence_summary(captures, rules), hardware=hardware, drills=drill_entries,
-                      sweep=batch_sweep(captures))
+                      sweep=batch_sweep(captures), projection=projection)
 
 
 def _add_graph_tracing(launches: list, source, twin: Optional[str]) -> None:

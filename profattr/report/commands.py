@@ -161,15 +161,13 @@ def report(captures, output, steps, skip_steps, rules, hardware, labels, changed
                           samples=BOOTSTRAP_SAMPLES if samples is None else samples, changed=changed,
                           mappings=_mapping_pairs(mappings, captures), drills=_drill_items(drills, captures),
                           layers=layers,
-                          graph_twins=_mapping_pairs(graph_twins, captures, "--graph-twin", "TWIN"))
+                          graph_twins=_mapping_pairs(graph_twins, captures, "--graph-twin", "TWIN"),
+                          project_to={"to": to, "tp": to_tp, "layers": to_layers} if to else None)
     data.command = (_command_line(captures, output, steps, rules, hardware, labels, samples, changed, mappings,
                                   ledger_path, drills, skip_steps) + (" --layers" if layers else "")
                     + "".join(f" --graph-twin {shlex.quote(t)}" for t in graph_twins))
     data.campaign, data.campaign_ledger = campaign, ledger_path
     if to:
-        from profattr.limits.project_commands import project_capture
-
-        data.projection = project_capture(Path(captures[0]), to, tp=to_tp, layers=to_layers, steps=steps)
         data.command += f" --to {shlex.quote(to)}" + (f" --to-tp {to_tp}" if to_tp else "") + (
             f" --to-layers {to_layers}" if to_layers else "")
     written = write_report(data, output, force=force)

@@ -102,7 +102,7 @@ def projection_section(data) -> list:
     """On the target: the first capture's step projected with `report --to` (report/md_project.py)."""
     from profattr.report.md_project import section
 
-    return section(getattr(data, "projection", None))
+    return section(data.projection)
 
 
 def sweep_section(data) -> list:

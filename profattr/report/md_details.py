@@ -141,7 +141,7 @@ def lint_section(data) -> list:
         if cap.checks_source == "run.json":
             out.append("Recorded in run.json by `profattr check` when the capture was made.")
         elif cap.checks_source == "now":
-            out.append("Computed now by `profattr check` on this report's steps and rules (run.json records none).")
+            out.append(f"Computed now by `profattr check` on this report's steps and rules ({md_escape(cap.checks_note)}).")
         else:
             out.append("Not available: " + md_escape(cap.checks_note or "no findings"))
         out.append("")

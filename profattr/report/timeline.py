@@ -186,7 +186,7 @@ def _draw_budget(ax, v: dict, colors: dict) -> None:
 def timeline_section(data, out_dir) -> list:
     """The report's Timeline section: the median step of every capture drawn into out_dir/timeline.png (the
     report's output check covers that file), and one line per step drawn. [] without views or a folder."""
-    caps = [c for c in data.captures if getattr(c, "timeline", None)]
+    caps = [c for c in data.captures if c.timeline]
     if not caps or out_dir is None:
         return []
     from profattr.outputs import atomic_path

@@ -350,7 +350,7 @@ def render_markdown(a: dict, heading: str = "###", title: Optional[str] = None, 
 
 def section(data) -> list:
     """The report's section; nothing when the report has no drill."""
-    entries = getattr(data, "drills", None) or []
+    entries = data.drills or []
     if not entries:
         return []
     out = [TITLE, "",

@@ -27,7 +27,7 @@ def output_files(data) -> dict:
     files = {"categories": CATEGORY_CHART, "launches": LAUNCH_CHART}
     if data.captures:  # written by their sections (report/timeline.py, report/distribution_view.py)
         files.update({"timeline": TIMELINE_CHART, "distributions": DISTRIBUTION_CHART})
-    if getattr(data, "campaign", None):
+    if data.campaign:
         files["campaign"] = CAMPAIGN_CHART
     used = set(files.values())
     for cap in data.captures:

@@ -78,7 +78,7 @@ class StoreSource:
         self.schema_version = store.meta.get("schema_version")
         self.gpus = store.meta.get("gpus") or []
         links = store.meta.get("replay_links")
-        if links is not None and getattr(export.claims, "replay_links", None) is None:  # a warm run says it again
+        if links is not None and export.claims.replay_links is None:  # a warm run says it again
             from profattr.trace import graph_replays, nsys_tables
 
             nsys_tables.note_replay_links(export, graph_replays.ReplayLinks.from_dict(links))
@@ -161,10 +161,37 @@ class StoreSource:
             found.update(self.export.strings(rest))
         return found
 
-    def __getattr__(self, name):
-        if name == "export":
-            raise AttributeError(name)
-        return getattr(self.export, name)
+    # --- the rest of the reader interface (protocol.py Reader): the export's own ---------------------------------
+    @property
+    def claims(self):
+        return self.export.claims
+
+    def nsys_tables(self):
+        return self.export
+
+    def api_calls(self) -> dict:
+        return self.export.api_calls()
+
+    def api_keys(self):
+        return self.export.api_keys()
+
+    def record_span(self) -> tuple:
+        return self.export.record_span()
+
+    def kernel_configs(self) -> dict:
+        return self.export.kernel_configs()
+
+    def cpu_samples(self):
+        return self.export.cpu_samples()
+
+    def sampling_period_ns(self):
+        return self.export.sampling_period_ns()
+
+    def torch_ops(self):
+        return None
+
+    def python_frames(self):
+        return None
 
     def close(self) -> None:
         if self.temporary:

@@ -109,6 +109,8 @@ class KinetoTrace:
             self.path = Path(path)
             self.files = trace_files(self.path)
         self.names: dict = {}
+        self._by_id: dict | None = None  # id -> name, built when first asked (after every file is read)
+        self._short: dict = {}
         self._gpu = _Columns(["start", "end", "device", "stream", "key", "name", "kind", "gx", "gy", "gz",
                               "bx", "by", "bz", "regs"])
         self._api = _Columns(["tid", "start", "end", "key", "name"])
@@ -281,10 +283,9 @@ class KinetoTrace:
 
     # --- the reader interface -------------------------------------------------------------------------------------
     def strings(self, ids) -> dict:
-        by_id = getattr(self, "_by_id", None)
+        by_id = self._by_id
         if by_id is None:
             by_id = self._by_id = {i: n for n, i in self.names.items()}
-            self._short = {}
         return {int(i): by_id[int(i)] for i in ids if i is not None and int(i) in by_id}
 
     def _short_id(self, name_id: int) -> int:
@@ -371,6 +372,12 @@ class KinetoTrace:
 
     def node_creation(self):
         return None  # torch traces do not record CUDA-graph node creation
+
+    def time_windows(self, size: int | None = None):
+        return None  # the trace is read whole (its JSON streamed into columns)
+
+    def nsys_tables(self):
+        return None  # no SQL tables: not an nsys export
 
     def record_span(self) -> tuple:
         starts = [a["start"].min() for a in (self._api_arrays, self._range_arrays) if len(a["start"])]

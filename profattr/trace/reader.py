@@ -25,9 +25,8 @@ SQLITE_MAGIC = b"SQLite format 3\x00"
 CHUNK_ROWS = 65536  # rows fetched per step: bounds the Python objects alive at once
 @dataclass
 class Export:
-    """A read-only view of one nsys SQLite export, and the reader interface every capture format offers:
-    ops(), ranges(), graph_launches(), node_creation(), api_calls(), cpu_samples(), sampling_period_ns(),
-    kernel_configs(), strings(ids), gpus."""
+    """A read-only view of one nsys SQLite export (its SQL tables: nsys_sqlite.NsysTables), and the reader
+    interface every capture format offers (protocol.py Reader)."""
 
     path: Path
     conn: sqlite3.Connection
@@ -50,7 +49,24 @@ class Export:
     def tool_version(self) -> str | None:
         return self.nsys_version
 
+    @property
+    def rows_checked(self) -> bool:
+        """Whether damaged rows were found and hidden (by TEMP views of this reader's own connection)."""
+        return self._rows_checked
+
     # --- the reader interface (the SQL lives in queries/, the array work in nsys_tables.py) -------------------
+    def nsys_tables(self) -> "Export":
+        return self
+
+    def time_windows(self, size: int | None = None):
+        return None  # every op at once: the windows come from its op store (cache.py StoreSource)
+
+    def torch_ops(self):
+        return None  # nsys records no torch operators
+
+    def python_frames(self):
+        return None  # nor Python frames (its CPU samples are cpu_samples)
+
     def ops(self, include_memory: bool = True):
         from profattr.trace.nsys_tables import load_ops
 

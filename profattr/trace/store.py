@@ -200,7 +200,7 @@ def build(export, folder: Path, size: int | None = None) -> OpStore:
         meta = {"format": FORMAT, "rows": rows, "segments": segments, "columns": {k: np.dtype(v).str for k, v in COLUMNS.items()},
                 "nsys_version": export.nsys_version, "schema_version": export.schema_version,
                 "gpus": export.gpus}
-        links = getattr(export.claims, "replay_links", None)
+        links = export.claims.replay_links
         if links is not None:  # ops without a correlationId linked to their graph launch (graph_replays.py)
             meta["replay_links"] = links.to_dict()
         (folder / "meta.json").write_text(json.dumps(meta))
@@ -328,7 +328,7 @@ def _query_alone(export, sql: str) -> list:
     """`sql`'s rows through a connection of its own (read-only), so that it runs beside the main one."""
     import sqlite3
 
-    if getattr(export, "_rows_checked", False):  # damaged rows are hidden by views of the reader's connection only
+    if export.rows_checked:  # damaged rows are hidden by views of the reader's connection only
         return export.query(sql)
     conn = sqlite3.connect(f"{Path(export.path).resolve().as_uri()}?mode=ro&immutable=1", uri=True)
     try:
