@@ -15,8 +15,9 @@ One script, one run.
    - the bulk fetch of the reader's own two big queries (GPU ops packed into six integers, launch calls) into int64
      numpy arrays, side by side: sqlite3 (fetchmany + numpy.fromiter), Arrow through ADBC's SQLite driver, DuckDB's
      sqlite scanner (when its extension loads without a network: duckdb==1.4.4 + duckdb-ext-sqlite from PyPI);
-   - `profattr budget` cold (empty budget cache: reads SQLite, fills the cache), warm (from the cache), and with
-     --no-cache; `profattr diff` of the file against itself, cold and warm; `profattr report` over three copies of
+   - `profattr budget` cold (empty caches: reads SQLite, fills the op store and the result cache), warm (the result
+     cache's hit), warm from the op store alone (PROFATTR_RESULT_CACHE=0: the budget computed again from the cached
+     op arrays), and with --no-cache; `profattr diff` of the file against itself, cold and warm; `profattr report` over three copies of
      the file (three cold budgets) and `profattr ledger add` into a new ledger, both cold;
    - nsys's `cuda_gpu_kern_sum` and `nvtx_gpu_proj_sum` (`nsys stats`, with --nsys), and `nsys-ai summary` when
      installed (on a hard link in its own folder: it writes its cache beside the file it reads).
@@ -309,7 +310,8 @@ def tools_for(big: Path, work: Path, args, cache: Path) -> list:
         clear()
         (work / "ledger.db").unlink(missing_ok=True)
     tools += [("profattr budget cold", budget, env, clear),
-              ("profattr budget warm", budget, env, None),
+              ("profattr budget warm", budget, env, None),  # the result cache's hit
+              ("profattr budget warm, op store only", budget, {**env, "PROFATTR_RESULT_CACHE": "0"}, None),
               ("profattr budget --no-cache", budget + ["--no-cache"], env, None),
               ("profattr diff self cold", diff, env, clear),
               ("profattr diff self warm", diff, env, None),

@@ -37,6 +37,7 @@ class ProfattrWarning(UserWarning):
 
 _warned: set = set()
 _to_stderr = False  # True while a CLI command runs (cli.py)
+_recorders: list = []  # lists that recorded_warnings() fills
 
 
 def _echo(line: str, file=None) -> None:
@@ -50,6 +51,8 @@ def warn(message: str) -> None:
     else as a ProfattrWarning. The same message from a capture read twice (a report reads each capture for several
     sections) is said once."""
     line = " ".join(clean(message).split())
+    for said in _recorders:  # every line, said before or not: a cached result says them all again
+        said.append(line)
     if line in _warned:
         return
     _warned.add(line)
@@ -57,6 +60,18 @@ def warn(message: str) -> None:
         _echo(f"warning: {line}")
     else:
         warnings.warn(line, ProfattrWarning, stacklevel=2)
+
+
+class recorded_warnings:
+    """`with recorded_warnings() as lines:` the lines warn() is given meanwhile (still said as usual)."""
+
+    def __enter__(self) -> list:
+        self.lines: list = []
+        _recorders.append(self.lines)
+        return self.lines
+
+    def __exit__(self, *exc) -> None:
+        _recorders.remove(self.lines)
 
 
 def reset_warnings() -> None:

@@ -163,3 +163,27 @@ def test_no_module_above_trace_probes_a_reader():
                 if probe:
                     found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert found == []
+
+
+KERNEL_SQL = ('SELECT deviceId, COALESCE(demangledName, shortName), gridX, gridY, gridZ, blockX, blockY, blockZ, '
+              'start, "end" - start FROM CUPTI_ACTIVITY_KIND_KERNEL')
+CONFIG_COLUMNS = ("device", "name", "gx", "gy", "gz", "bx", "by", "bz", "start", "duration")
+
+
+@pytest.mark.parametrize("name", ["sglang-triton-bs1", "sglang-triton_kernel-bs4", "wl-graph-grouped-tp2",
+                                  "wl-eager-loop"])
+def test_the_store_gives_every_kernels_configuration_as_sql_does(name, export_example, tmp_path, monkeypatch):
+    """The checks' kernel configurations come from the op store's columns (not a second SQL read of every kernel):
+    the same rows and values as SQL selects them."""
+    monkeypatch.setenv("PROFATTR_CACHE", str(tmp_path / "cache"))
+    path = export_example(name)
+    want = sorted(_sql(path, KERNEL_SQL))
+    with open_export(path) as export:
+        store = open_store(export)
+        try:
+            configs = store.kernel_configs()
+            assert store.store.kernel_configs() is not None  # from the columns, not the SQL fallback
+        finally:
+            store.close()
+    got = sorted(zip(*(configs[c].tolist() for c in CONFIG_COLUMNS)))
+    assert got == want

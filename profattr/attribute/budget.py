@@ -22,6 +22,7 @@ capture-time NVTX context the context of their matching kernel in an eager captu
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Sequence
 
@@ -111,6 +112,23 @@ def _read_budget(export, steps: str, ruleset, mapping, skip_steps, step_categori
         if reader is not export:
             reader.close()
     return budget
+
+
+@contextmanager
+def opened(capture, force: bool = False):
+    """The reader a command computes everything with (`with opened(path) as reader:`): the capture opened once
+    (trace/source.py open_trace) and, for an nsys export, its op store (cached), so that the budget, the checks and
+    the views read the store's columns instead of SQL again; closed at the end."""
+    with open_trace(capture, force=force) as export:
+        try:
+            reader = store_source(export)
+        except ProfattrError:  # nothing to store (no kernel data, ...): the budget says so where a command expects
+            reader = export
+        try:
+            yield reader
+        finally:
+            if reader is not export:
+                reader.close()
 
 
 def store_source(export):

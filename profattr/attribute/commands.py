@@ -74,18 +74,18 @@ def budget(capture, steps, skip_steps, rules, fmt, top, by, layer_range, mapping
     and idle add up to the mean step, so the shares add up to 100%; its overlapped time is the rest of its op time.
     With several GPUs running collectives, each GPU's collective time is split into transfer and wait.
     """
-    from profattr.attribute.budget import compute_budget
-    from profattr.report import budget_view
+    from profattr.attribute.result_cache import budget_result
 
     import json
 
     given = [capture, mapping, *rules]
     if output:
         check_output(output, force, given)  # before the slow part
-    result = compute_budget(capture, steps=steps, rules=rules, force=force, mapping=mapping,
-                            by="layer" if layer_range is not None else by, layer_range=layer_range,
-                            skip_steps=skip_steps, step_categories=False)  # what it prints needs no per-step table
-    data = result.to_dict()
+    data = budget_result(capture, steps=steps, rules=rules, force=force, mapping=mapping,
+                         by="layer" if layer_range is not None else by, layer_range=layer_range,
+                         skip_steps=skip_steps)  # from the result cache when this budget was computed before
+    from profattr.report import budget_view
+
     if fmt == "json":  # a machine format: names exactly as captured, control characters escaped by JSON
         text = json.dumps(data, indent=2)
     elif fmt == "csv":

@@ -39,7 +39,9 @@ def evaluate(path, run: dict | None = None, twin=None) -> tuple:
     """(findings, budget or None): all checks on one capture (and its run.json, when there is one), with the
     per-step budget they used. `twin`: another capture of the same decode (eager or torch profiler) to compare
     kernels per step with."""
-    with open_trace(path) as source:
+    from profattr.attribute.budget import opened
+
+    with opened(path) as source:  # the op store where there is one: the checks read its columns, not SQL again
         budget, ops, why_not = _budget(source)
         findings = _checks(source, run, budget, ops, why_not)
     if twin is not None:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from profattr import progress
-from profattr.attribute.budget import compute_budget
+from profattr.attribute.budget import compute_budget, opened
 from profattr.attribute.host_cycle import host_cycle
 from profattr.attribute.diff import BOOTSTRAP_SAMPLES, Side, compute_diff, expand, group, load_side
 from profattr.errors import ProfattrError
@@ -19,7 +19,6 @@ from profattr.report.budget_view import exclusive_ms
 from profattr.report.launches import launch_stats
 from profattr.report.timeline import capture_views
 from profattr.taxonomy.classify import load_rules
-from profattr.trace.source import open_trace
 
 # rules about kernels of other GPU generations or FP4 formats: the part of the taxonomy these captures cannot test
 OTHER_HARDWARE = re.compile(r"sm_?1[0-2]\d|sm1[0-2]x|fp4|e2m1|nvf4|blockscaled|b12x", re.IGNORECASE)
@@ -259,7 +258,7 @@ def collect_report(paths: Sequence, labels: Optional[Sequence[str]] = None, step
             path = Path(members[0])
             run, run_path, run_note = read_run(path)
         by = "layer" if mapping or layers else "category"
-        with open_trace(path, force=force_export) as source:  # opened once: every view below reads this reader
+        with opened(path, force=force_export) as source:  # opened once: every view below reads this reader
             with progress.stage(f"budget of {Path(path).name}"):
                 budget = compute_budget(source, steps=steps, rules=rules, force=force_export, keep_attribution=True,
                                         skip_steps=skip_steps, mapping=mapping, by=by)
@@ -272,7 +271,7 @@ def collect_report(paths: Sequence, labels: Optional[Sequence[str]] = None, step
         budget.attribution = None  # the arrays are no longer needed; the diff needs only the per-step tables
         data = budget.to_dict()
         if projected:  # from the report's own budget of it: not opened again
-            from profattr.limits.project_commands import project_capture
+            from profattr.limits.projection import project_capture
 
             projection = project_capture(path, measured=(data, host), **project_to)
         side = Side(str(path), data, budget.per_step, budget.per_step_category, run)

@@ -11,7 +11,6 @@ repeated budgets skip the SQLite read.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -21,24 +20,16 @@ from pathlib import Path
 
 import numpy as np
 
-from profattr import progress
+from profattr import cache_keys, progress
+from profattr.cache_keys import enabled  # noqa: F401 (the caches' switch: PROFATTR_NO_CACHE)
 from profattr.trace import store as opstore
 
 READER_VERSION = "3"  # 2: ops carry their launch shape (grid, block, registers); 3: and replays linked by graph
 DEFAULT_MAX_MB = 4096
-HASH_BYTES = 1 << 20
-
-
-def enabled() -> bool:
-    return os.environ.get("PROFATTR_NO_CACHE", "").lower() not in ("1", "true", "yes")
 
 
 def cache_root() -> Path:
-    base = os.environ.get("PROFATTR_CACHE")
-    if base:
-        return Path(base) / "opstore"
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "profattr" / "opstore"
+    return cache_keys.cache_root("opstore")
 
 
 def max_bytes() -> int:
@@ -50,16 +41,7 @@ def max_bytes() -> int:
 
 def capture_key(path) -> str:
     """The cache key of a capture file: identity, content hash of its ends, reader version."""
-    path = Path(path)
-    st = path.stat()
-    h = hashlib.sha256()
-    h.update(f"{READER_VERSION}:{opstore.FORMAT}:{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}".encode())
-    with path.open("rb") as fh:
-        h.update(fh.read(HASH_BYTES))
-        if st.st_size > HASH_BYTES:
-            fh.seek(max(HASH_BYTES, st.st_size - HASH_BYTES))
-            h.update(fh.read(HASH_BYTES))
-    return h.hexdigest()[:32]
+    return cache_keys.file_key(path, f"{READER_VERSION}:{opstore.FORMAT}")
 
 
 class StoreSource:
@@ -179,7 +161,13 @@ class StoreSource:
         return self.export.record_span()
 
     def kernel_configs(self) -> dict:
-        return self.export.kernel_configs()
+        """The export's kernel_configs, from the store's kernel columns (the same rows and values: the store holds
+        every kernel row with its device, name id, packed grid and block, start and end); from SQL when a value
+        did not fit its packed field (-1) or the kernel rows are not the store's first segment."""
+        configs = self.store.kernel_configs()
+        if configs is None:
+            return self.export.kernel_configs()
+        return self.export.claims.kernel_configs(configs)
 
     def cpu_samples(self):
         return self.export.cpu_samples()

@@ -109,11 +109,7 @@ class Export:
         cols = ["device", "name", "gx", "gy", "gz", "bx", "by", "bz", "start", "duration"]
         if not self.has(KERNEL):
             return {c: np.zeros(0, dtype=np.int64) for c in cols}
-        configs = self._read(lambda: self.arrays(load_query("check_kernel_sequence"), cols))
-        lo, hi = self.claims.window()
-        keep = (configs["start"] >= lo) & (configs["start"] <= hi) & (configs["duration"] >= 0) & (
-            configs["duration"] <= hi - lo)
-        return configs if keep.all() else {c: v[keep] for c, v in configs.items()}
+        return self.claims.kernel_configs(self._read(lambda: self.arrays(load_query("check_kernel_sequence"), cols)))
 
     def record_span(self) -> tuple:
         """(first start, last end) of the CPU-side records (CUDA calls, NVTX ranges); (None, None) without any."""

@@ -109,6 +109,24 @@ class OpStore:
             parts = [p for p in parts if len(p)] or parts[:1]
             yield concat_ops(parts) if len(parts) > 1 else parts[0]
 
+    def kernel_configs(self) -> "dict | None":
+        """Every kernel row's device, name (demangled id), grid x/y/z, block x/y/z, start and duration, as
+        queries/check_kernel_sequence.sql gives them (unordered); None when a row's device, name, grid or block did
+        not fit its field (the SQL then says what it holds) or the store holds no kernel segment first."""
+        segments = self.meta.get("segments") or []
+        if not segments or segments[0][0] != KIND_KERNEL:
+            return None
+        _, lo, hi, _ = segments[0]
+        cols = {name: self.column(name, lo, hi) for name in ("device", "demangled_id", "grid", "block")}
+        if any((values < 0).any() for values in cols.values()):
+            return None
+        start = self.column("start", lo, hi)
+        grid, block = cols["grid"], cols["block"]
+        return {"device": cols["device"].astype(np.int64), "name": cols["demangled_id"].astype(np.int64),
+                "gx": grid >> 32, "gy": (grid >> 16) & 0xFFFF, "gz": grid & 0xFFFF,
+                "bx": block >> 48, "by": (block >> 32) & 0xFFFF, "bz": (block >> 16) & 0xFFFF,
+                "start": start, "duration": self.column("end", lo, hi) - start}
+
     def sorted_kernel_starts(self) -> "ColumnView | None":
         """Every kernel's start, when the kernel rows are in start order (as nsys writes them), as a sequence read a
         value at a time; None otherwise."""

@@ -359,6 +359,13 @@ class Claims:
             ops.launch_tid = np.where(far, -1, ops.launch_tid)
         return ops
 
+    def kernel_configs(self, configs: dict) -> dict:
+        """Kernel configurations (arrays start, duration, ...) inside the time range, with a duration that fits it."""
+        lo, hi = self.window()
+        keep = (configs["start"] >= lo) & (configs["start"] <= hi) & (configs["duration"] >= 0) & (
+            configs["duration"] <= hi - lo)
+        return configs if keep.all() else {c: v[keep] for c, v in configs.items()}
+
     def ranges(self, frame):
         """NVTX ranges (a frame with start, end) that end at or after their start, inside the time range."""
         if len(frame) == 0:
