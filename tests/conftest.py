@@ -99,6 +99,14 @@ def export_example(export_dir):
 
 
 @pytest.fixture(autouse=True)
+def _no_result_cache_across_tests(monkeypatch):
+    """A budget result kept by one test would answer the same budget in the next, which may be checking that a
+    fault it injects into the computation is reported: the result cache is off unless a test turns it on
+    (tests/test_result_cache.py does, with a cache folder of its own)."""
+    monkeypatch.setenv("PROFATTR_RESULT_CACHE", "0")
+
+
+@pytest.fixture(autouse=True)
 def _no_cache_setting_stays_in_its_test():
     """`--no-cache` sets PROFATTR_NO_CACHE in the process (so that diff's worker processes see it); a CLI test run
     in-process must not leave it set for the tests after it."""

@@ -37,6 +37,7 @@ class Export:
     _adbc: object = field(default=None, repr=False)  # a second, Arrow connection (trace/fetch.py), opened on use
     claims: object = field(default=None, repr=False)  # validate.Claims: what the arrays below were checked for
     _rows_checked: bool = field(default=False, repr=False)  # validate.hide_damaged_rows has run
+    _api_calls: dict | None = field(default=None, repr=False)  # api_calls(), read once (the checks and views ask)
     format = "nsys"
 
     def __post_init__(self):
@@ -131,8 +132,13 @@ class Export:
         """CUDA calls that launch, copy or wait: arrays tid, start, end, kind (0 graph, 1 kernel, 2 memory, 3 sync)."""
         if not self.has(RUNTIME):
             return {k: np.zeros(0, dtype=np.int64) for k in ("tid", "start", "end", "kind")}
-        return self._read(lambda: self.claims.events(self.arrays(load_query("api_calls"),
-                                                                 ["tid", "start", "end", "kind"]), "api_calls"))
+        if self._api_calls is None:  # read-only arrays: the callers share them
+            calls = self._read(lambda: self.claims.events(self.arrays(load_query("api_calls"),
+                                                                      ["tid", "start", "end", "kind"]), "api_calls"))
+            for values in calls.values():
+                values.setflags(write=False)
+            self._api_calls = calls
+        return dict(self._api_calls)
 
     def cpu_samples(self) -> dict | None:
         """CPU samples (trace/nsys_samples.py): arrays tid, start, leaf_symbol, leaf_module, py_symbol, py_module
