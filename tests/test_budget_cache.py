@@ -186,3 +186,31 @@ def test_stored_range_texts_share_one_object_per_distinct_text():
     assert got.tolist() == texts
     assert got[0] is got[3] and got[2] is got[6] and got[1] is None and got[5] is None
     assert store._shared_strings([]).tolist() == []
+
+
+def test_several_exports_are_stored_at_once_and_read_from_the_cache(tmp_path, cache_dir):
+    """build_stores (a report of several captures): each export's store built in a worker process, the same file
+    named twice built once, a damaged file left for the command to meet; the budgets read from those stores are
+    the one-window budgets read straight from SQLite."""
+    names = ["sglang-triton-bs1", "sglang-triton_kernel-bs1"]
+    paths = []
+    for name in names:
+        paths.append(tmp_path / f"{name}.sqlite")
+        shutil.copyfile(EXAMPLES / f"{name}.sqlite", paths[-1])
+    broken = tmp_path / "broken.sqlite"
+    broken.write_bytes((EXAMPLES / f"{names[0]}.sqlite").read_bytes()[:4096])
+    built = cache.build_stores([paths[0], broken, paths[1], paths[0]])
+    if (os.cpu_count() or 1) < 2:
+        assert built == 0
+        return
+    assert built == 2
+    assert {p.name for p in (cache_dir / "opstore").iterdir() if not p.name.startswith(".")} == {
+        cache.capture_key(p) for p in paths}
+    assert cache.build_stores(paths) == 0  # all stored already: nothing to do
+    for path in paths:
+        with open_export(path) as export:
+            reference = _one_window(export, "auto", load_rules(()))
+            source = cache.open_store(export)
+            assert source.cached
+            source.close()
+        _same_budget(reference, compute_budget(path))

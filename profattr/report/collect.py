@@ -19,6 +19,7 @@ from profattr.report.budget_view import exclusive_ms
 from profattr.report.launches import launch_stats
 from profattr.report.timeline import capture_views
 from profattr.taxonomy.classify import load_rules
+from profattr.trace.cache import build_stores
 
 # rules about kernels of other GPU generations or FP4 formats: the part of the taxonomy these captures cannot test
 OTHER_HARDWARE = re.compile(r"sm_?1[0-2]\d|sm1[0-2]x|fp4|e2m1|nvf4|blockscaled|b12x", re.IGNORECASE)
@@ -249,6 +250,8 @@ def collect_report(paths: Sequence, labels: Optional[Sequence[str]] = None, step
     captures, projection = [], None
     # the checks `profattr capture` recorded were computed on the default steps and rules: shown only then
     defaults = steps == "auto" and not rules and skip_steps in (None, 0, "0")
+    if not force_export:  # the exports read at once, a process per core (--force exports them again first)
+        build_stores([m for given in paths for m in expand(given)])
     for given in paths:
         path = Path(given)
         run, run_path, run_note = read_run(path)

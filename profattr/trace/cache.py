@@ -276,3 +276,64 @@ def describe() -> dict:
             "bytes": sum(_entry_size(e) for e in entries), "max_bytes": max_bytes(),
             "reader_version": READER_VERSION, "meta": [json.loads((e / "meta.json").read_text()).get("rows")
                                                        for e in entries if (e / "meta.json").exists()]}
+
+
+def build_stores(paths) -> int:
+    """Fill the cache with the op stores of several nsys exports at once, a process per core, so that a command
+    reading them one after another (a report of several captures) finds each one cached instead of reading the
+    exports in turn; returns how many were built. Only with the cache on, two or more cores and two or more
+    exports not yet stored; anything that goes wrong is left for the command to meet when it reads that capture
+    (it says what is wrong then), and without worker processes nothing is done."""
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
+    cores = os.cpu_count() or 1
+    if not enabled() or cores < 2:
+        return 0
+    todo = [p for p in (_unstored_export(p) for p in paths) if p is not None]
+    todo = [p for i, p in enumerate(todo) if all(not os.path.samefile(p, q) for q in todo[:i])]
+    if len(todo) < 2:
+        return 0
+    try:
+        with progress.stage(f"reading {len(todo)} captures"):
+            with ProcessPoolExecutor(max_workers=min(len(todo), cores), initializer=_quiet) as pool:
+                return sum(pool.map(_build_store, todo))
+    except (OSError, BrokenProcessPool):
+        return 0
+
+
+def _unstored_export(path) -> Path | None:
+    """The SQLite export a capture is read from when it is one that has no store in the cache yet (a .sqlite, or
+    a .nsys-rep's current export beside it), else None."""
+    from profattr.trace.reader import SQLITE_MAGIC
+
+    path = Path(path)
+    if path.suffix in (".nsys-rep", ".qdrep"):
+        beside = path.with_suffix(".sqlite")
+        path = beside if beside.is_file() and beside.stat().st_mtime >= path.stat().st_mtime else None
+    try:
+        if path is None or not path.is_file():
+            return None
+        with path.open("rb") as fh:
+            if fh.read(len(SQLITE_MAGIC)) != SQLITE_MAGIC:
+                return None
+        return None if (cache_root() / capture_key(path)).exists() else path
+    except OSError:
+        return None
+
+
+def _quiet() -> None:
+    os.environ["PROFATTR_PROGRESS"] = "0"  # the parent draws the one progress line
+
+
+def _build_store(path: Path) -> int:
+    from profattr.trace.reader import open_export
+
+    try:
+        with open_export(path) as export:
+            source = open_store(export)
+            built = not source.cached
+            source.close()
+        return int(built)
+    except Exception:  # the command reading this capture meets it again, and says what it is
+        return 0
