@@ -209,8 +209,10 @@ print(json.dumps({"rc": p.returncode, "wall": time.perf_counter() - t, "err": er
 
 def measure(cmd: list, env: dict, timeout: float) -> dict:
     """One run of cmd in a fresh Python parent (so that peaks never mix)."""
+    # run from the file system's root: `python -m profattr` puts its working folder first on sys.path, so in a
+    # checkout it would import that checkout's profattr and not the one PYTHONPATH names (the --before rows)
     out = subprocess.run([sys.executable, "-c", RUNNER, str(timeout)] + cmd, capture_output=True, text=True,
-                         env=env)
+                         env=env, cwd=os.sep)
     try:
         r = json.loads(out.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
@@ -246,7 +248,8 @@ def profile_cold(big: Path, work: Path, env: dict) -> list:
     out = work / "cold.prof"
     shutil.rmtree(work / "cache", ignore_errors=True)
     subprocess.run([sys.executable, "-m", "cProfile", "-o", str(out), "-m", "profattr", "budget", str(big),
-                    "--format", "json"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+                    "--format", "json"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True,
+                   cwd=os.sep)
     stats = pstats.Stats(str(out)).stats  # (file, line, function) -> (calls, primitive, tottime, cumtime, callers)
     rows = [("total (under cProfile)", max(v[3] for v in stats.values()))]
     for label, keys in STAGES:
@@ -320,9 +323,20 @@ def tools_for(big: Path, work: Path, args, cache: Path) -> list:
     if args.before:  # the same budgets with another checkout of profattr (the code before a change), same run
         before_cache = work / "cache-before"
         before_env = {"PROFATTR_CACHE": str(before_cache), "PYTHONPATH": str(Path(args.before).resolve())}
-        tools += [("before: profattr budget cold", budget, before_env,
-                   lambda: shutil.rmtree(before_cache, ignore_errors=True)),
-                  ("before: profattr budget warm", budget, before_env, None)]
+        clear_before = lambda: shutil.rmtree(before_cache, ignore_errors=True)  # noqa: E731
+
+        def three_copies_before():
+            three_copies()
+            clear_before()
+
+        def fresh_ledger_before():
+            fresh_ledger()
+            clear_before()
+        tools += [("before: profattr budget cold", budget, before_env, clear_before),
+                  ("before: profattr budget warm", budget, before_env, None),
+                  ("before: profattr diff self cold", diff, before_env, clear_before),
+                  ("before: profattr report 3 captures cold", report, before_env, three_copies_before),
+                  ("before: profattr ledger add cold", ledger, before_env, fresh_ledger_before)]
     if args.nsys:
         for report in ("cuda_gpu_kern_sum", "nvtx_gpu_proj_sum"):
             tools.append((f"nsys {report}", [args.nsys, "stats", "-q", "--report", report, "--format", "csv",
