@@ -37,7 +37,10 @@ def gather(source, ops) -> Facts:
         ids, inverse = np.unique(ops.demangled_id[kernel], return_inverse=True)
         counts = np.bincount(inverse)
         ns = np.bincount(inverse, weights=(ops.end - ops.start)[kernel])
-        short_of = dict(zip(ops.demangled_id[kernel].tolist(), ops.name_id[kernel].tolist()))
+        # each name's short name as its last kernel row gives it (np.unique of the reversed rows: its last index)
+        demangled, short_ids = ops.demangled_id[kernel], ops.name_id[kernel]
+        last = len(demangled) - 1 - np.unique(demangled[::-1], return_index=True)[1]
+        short_of = dict(zip(ids.tolist(), short_ids[last].tolist()))
         strings = source.strings(list(ids) + [short_of[int(i)] for i in ids])
         for i, c, t in sorted(zip(ids.tolist(), counts.tolist(), ns.tolist()), key=lambda r: -r[2]):
             names.append((strings.get(i), strings.get(short_of[i]), c, int(round(t))))
@@ -63,13 +66,14 @@ def correlation_gaps(keys: np.ndarray) -> dict:
     """Per process: the gaps in the sequence of correlation ids of its recorded CUDA calls. CUPTI numbers every
     call of a process; ids that never appear are calls the profiler did not record (or API kinds it does not
     trace): a gap far larger than the usual one means records were dropped."""
-    keys = np.unique(keys)
+    keys = np.unique(keys)  # sorted: each process's ids come in order, one run of keys per process
     out = {"processes": 0, "largest_gap": 0, "usual_gap": 0, "big_gaps": 0, "ids_in_big_gaps": 0, "span": 0}
     if not len(keys):
         return out
     proc = keys >> 32
-    for p in np.unique(proc):
-        ids = np.sort(keys[proc == p] & LOW32)
+    bounds = np.flatnonzero(np.r_[True, proc[1:] != proc[:-1], True])
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        ids = keys[lo:hi] & LOW32
         if len(ids) < 3:
             continue
         gaps = np.diff(ids)
