@@ -1,12 +1,16 @@
 """Hardware presets: every number sourced, all-reduce latency interpolation, capture GPU fields overriding."""
 from __future__ import annotations
 
+import shutil
 import sqlite3
 
 import pytest
 
 from profattr.errors import ProfattrError
-from profattr.limits.hardware import hardware_presets, load_hardware, match_hardware, read_capture_gpus
+from conftest import EXAMPLES
+from profattr.attribute.budget import compute_budget
+from profattr.limits.gap import budget_gpus
+from profattr.limits.hardware import hardware_presets, load_hardware, match_hardware
 from profattr.limits.specs import SPECS_DIR, load_toml
 
 
@@ -67,22 +71,27 @@ def test_match_hardware_from_device_names():
     assert match_hardware("Tesla T4") is None
 
 
-def _gpu_db(path, rows):
+def _gpu_capture(path, rows):
+    """A copy of a real capture whose TARGET_INFO_GPU holds `rows` (id, name, totalMemory, memoryBandwidth,
+    clockRate, smCount), and its budget's GPUs by device id (what gap reads)."""
+    shutil.copyfile(EXAMPLES / "sglang-triton-bs1.sqlite", path)
     conn = sqlite3.connect(path)
-    conn.execute("CREATE TABLE TARGET_INFO_GPU (vmId INTEGER NOT NULL, id INTEGER NOT NULL, name TEXT, "
-                 "totalMemory INTEGER, memoryBandwidth INTEGER, clockRate INTEGER, smCount INTEGER)")
-    conn.executemany("INSERT INTO TARGET_INFO_GPU VALUES (1, ?, ?, ?, ?, ?, ?)", rows)
+    conn.execute("DELETE FROM TARGET_INFO_GPU")
+    for row in rows:
+        conn.execute("INSERT INTO TARGET_INFO_GPU (vmId, id, name, totalMemory, memoryBandwidth, clockRate, smCount) "
+                     "VALUES (1, ?, ?, ?, ?, ?, ?)", row)
     conn.commit()
     conn.close()
-    return path
+    before = path.read_bytes()
+    gpus = budget_gpus(compute_budget(path).to_dict())
+    assert path.read_bytes() == before  # read-only
+    return gpus
 
 
 def test_capture_gpu_fields_override_the_preset(tmp_path):
-    db = _gpu_db(tmp_path / "cap.sqlite", [(0, "NVIDIA H200", 150754820096, 4_800_000_000_000, 1_980_000_000, 132),
-                                           (1, "NVIDIA H200", 150754820096, 4_700_000_000_000, 1_980_000_000, 132)])
-    before = db.read_bytes()
-    gpus = read_capture_gpus(db)
-    assert db.read_bytes() == before  # opened read-only
+    gpus = _gpu_capture(tmp_path / "cap.sqlite", [
+        (0, "NVIDIA H200", 150754820096, 4_800_000_000_000, 1_980_000_000, 132),
+        (1, "NVIDIA H200", 150754820096, 4_700_000_000_000, 1_980_000_000, 132)])
     assert gpus[1]["memory_bandwidth_bytes_per_s"] == 4.7e12 and gpus[0]["sm_count"] == 132
     hw = load_hardware("h200").with_capture_gpu(gpus[1])
     assert hw.memory_bandwidth_bytes_per_s.value == 4.7e12
@@ -91,10 +100,8 @@ def test_capture_gpu_fields_override_the_preset(tmp_path):
     assert hw.link_bandwidth_bytes_per_s == load_hardware("h200").link_bandwidth_bytes_per_s
 
 
-def test_capture_without_gpu_table_keeps_the_preset(tmp_path):
-    db = tmp_path / "nogpu.sqlite"
-    sqlite3.connect(db).execute("CREATE TABLE StringIds (id INTEGER, value TEXT)").connection.close()
-    assert read_capture_gpus(db) == {}
-    partial = _gpu_db(tmp_path / "zero.sqlite", [(0, "NVIDIA H200", None, 0, None, None)])
-    hw = load_hardware("h200").with_capture_gpu(read_capture_gpus(partial)[0])
+def test_capture_without_gpu_rows_keeps_the_preset(tmp_path):
+    assert _gpu_capture(tmp_path / "nogpu.sqlite", []) == {}
+    partial = _gpu_capture(tmp_path / "zero.sqlite", [(0, "NVIDIA H200", None, 0, None, None)])
+    hw = load_hardware("h200").with_capture_gpu(partial[0])
     assert hw.memory_bandwidth_bytes_per_s.value == 4.8e12  # zero / missing fields do not override

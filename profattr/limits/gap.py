@@ -87,7 +87,7 @@ def row_of(category: str, keys: Iterable[str]) -> str:
 
 def budget_gpus(budget: Mapping[str, Any]) -> Dict[Any, Dict[str, Any]]:
     """The GPUs a budget dict read from its capture (`capture.gpus`), by device id, with the field names
-    hardware.read_capture_gpus gives (device, memory_bandwidth_bytes_per_s, sm_count, clock_hz, memory_bytes)."""
+    HardwareSpec.with_capture_gpu reads (device, memory_bandwidth_bytes_per_s, sm_count, clock_hz, memory_bytes)."""
     gpus = {}
     for gpu in (budget.get("capture") or {}).get("gpus") or []:
         row = {_GPU_FIELDS.get(k, k): v for k, v in gpu.items()}
@@ -150,7 +150,7 @@ def compute_gap(budget: Mapping[str, Any], model_spec: ModelSpec, hardware_spec:
                 bandwidth_fraction: float = 1.0) -> Dict[str, Any]:
     """`profattr.gap/1` for a budget dict: per device, category floors vs measured and the closed waterfall.
 
-    capture_gpus: TARGET_INFO_GPU rows by device id (hardware.read_capture_gpus); default: the budget's own
+    capture_gpus: the capture's GPUs by device id, as budget_gpus gives them; default: the budget's own
     capture.gpus (budget_gpus). Their memory bandwidth replaces the preset's for that device.
     bandwidth_fraction: 1.0 compares against peak bandwidth; the preset's achievable fraction is the other choice.
     """

@@ -1,21 +1,18 @@
 """Hardware specs (specs/hardware/*.toml): bandwidth, peak FLOPs, interconnect, all-reduce and launch costs.
 
 Every number carries its source. For a capture, the GPU's own TARGET_INFO_GPU fields (memory bandwidth, SM count,
-clock) override the preset (`read_capture_gpus`, `HardwareSpec.with_capture_gpu`).
+clock) override the preset (`HardwareSpec.with_capture_gpu`, given a GPU a budget read: gap.budget_gpus).
 """
 from __future__ import annotations
 
 import bisect
 import math
-import sqlite3
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from profattr.errors import ProfattrError
 from profattr.limits.specs import load_toml, preset_ids
 
-QUERIES_DIR = Path(__file__).resolve().parent.parent / "queries"
 # lower-precision formats fall back to the next format the GPU has tensor cores for
 _FLOPS_FALLBACK = {"nvfp4": ("fp4", "fp8", "bf16"), "fp4": ("fp4", "fp8", "bf16"), "fp8": ("fp8", "bf16"),
                    "bf16": ("bf16",), "fp32": ("bf16",)}
@@ -143,24 +140,3 @@ def match_hardware(device_name: str) -> Optional[str]:
             if pattern.lower() in device_name.lower() and len(pattern) > best[0]:
                 best = (len(pattern), hw_id)
     return best[1]
-
-
-def read_capture_gpus(path: Path) -> Dict[Any, Dict[str, Any]]:
-    """TARGET_INFO_GPU rows of an nsys SQLite export, by device id; {} when the table is absent."""
-    try:
-        # read-only and immutable, as every capture is opened (trace/reader.py): nothing is created beside it
-        conn = sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro&immutable=1", uri=True)
-    except (sqlite3.Error, OSError, ValueError):
-        return {}
-    try:
-        tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        if "TARGET_INFO_GPU" not in tables:
-            return {}
-        sql = (QUERIES_DIR / "limits_gpu_info.sql").read_text()
-        cursor = conn.execute(sql)
-        names = [d[0] for d in cursor.description]
-        return {row[0]: dict(zip(names, row)) for row in cursor.fetchall()}
-    except sqlite3.Error:
-        return {}  # an export from a schema without these columns: keep the preset's numbers
-    finally:
-        conn.close()
