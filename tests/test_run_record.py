@@ -197,13 +197,15 @@ def test_load_returns_a_record_and_refuses_a_wrong_kind(tmp_path):
 # --- no reader digs into run.json itself ----------------------------------------------------------------------------
 # capture/ builds and writes run.json (a dict); run_record/ is the one reader
 WRITERS = ("profattr/run_record/", "profattr/capture/")
+RUN_NAMES = {"run", "run_a", "run_b", "capture_run"}  # what the readers call a run.json
 
 
 def _is_run(node) -> bool:
     """`run`, `x.run`, `(run or {})`, `(x.run or {})`: an expression that names a run.json."""
     if isinstance(node, ast.BoolOp) and isinstance(node.op, ast.Or):
         return _is_run(node.values[0])
-    return (isinstance(node, ast.Name) and node.id == "run") or (isinstance(node, ast.Attribute) and node.attr == "run")
+    return (isinstance(node, ast.Name) and node.id in RUN_NAMES) or (isinstance(node, ast.Attribute)
+                                                                     and node.attr == "run")
 
 
 def raw_reads(tree) -> list:

@@ -9,9 +9,9 @@ from profattr.run_record import RunRecord, or_empty
 def traced_cuda(run: RunRecord | None, facts) -> bool | None:
     """Whether CUDA was traced: from run.json's --trace, else from the capture's own settings; None when neither
     says (a torch-profiler trace: it says by holding GPU events)."""
-    trace = or_empty(run).capture_trace
-    if trace and or_empty(run).profiler_used == "nsys":
-        return "cuda" in str(trace).split(",")
+    run = or_empty(run)
+    if run.capture_trace and run.profiler_used == "nsys":
+        return "cuda" in run.capture_trace.split(",")
     return facts.traced_cuda
 
 
@@ -67,7 +67,8 @@ def check_replay_ids(source) -> Finding | None:
 def check_devices(run: RunRecord | None, facts, gpus_listed: int) -> Finding:
     seen = [d["deviceId"] for d in facts.devices]
     processes = sum(d["processes"] for d in facts.devices)
-    tp = or_empty(run).tp
+    run = or_empty(run)
+    tp = run.tp
     if not facts.devices:
         return Finding("devices", SKIP, "no kernels, so no devices to count")
     if not tp:
@@ -79,7 +80,7 @@ def check_devices(run: RunRecord | None, facts, gpus_listed: int) -> Finding:
                        f"in {processes} process(es)", {"devices": seen, "tp": tp})
     how = ("SGLang calls cudaProfilerStart only on its base GPU: record the window with `profattr capture "
            "--capture-range session` (every process), and keep --trace-fork-before-exec=true"
-           if or_empty(run).target == "sglang" and or_empty(run).capture_range == "cudaProfilerApi" else
+           if run.target == "sglang" and run.capture_range == "cudaProfilerApi" else
            "nsys needs --trace-fork-before-exec=true, and every rank's process must be inside the capture range")
     return Finding("devices", FAIL, f"kernels from {len(seen)} of {tp} tensor-parallel devices {seen}: the other "
                    f"ranks were not recorded; {how}", {"devices": seen, "tp": tp})

@@ -62,8 +62,9 @@ def _shown(value):
 
 
 def _gpu_list(cap) -> list:
-    if or_empty(cap.run).gpus:
-        return or_empty(cap.run).gpus
+    gpus = or_empty(cap.run).gpus
+    if gpus:
+        return gpus
     return [g for g in cap.budget["capture"].get("gpus") or [] if isinstance(g, dict)]
 
 

@@ -134,8 +134,8 @@ def _attach(csv_path: Path, captures: list) -> tuple:
 
 def _name(cap) -> str:
     """The capture's name, as collect.capture_name gives it."""
-    if or_empty(cap.run).name:
-        return or_empty(cap.run).name
+    if cap.run and cap.run.name:
+        return cap.run.name
     name = Path(cap.path).name
     for suffix in (".sqlite", ".nsys-rep"):
         if name.endswith(suffix):
