@@ -1,10 +1,12 @@
 """`RunRecord`: one NAME.run.json, read through typed accessors, each with its one default.
 
 Every accessor gives the field's value when the file records it and, when it does not (absent or null), one
-default: None for a value, {} for an object, [] for an array (the exceptions say so: `server_attached` is False,
-`check_findings` None). A field `validate` does not check (schema.py FIELDS) is type-checked here: a value of
-another type reads as not recorded. `raw` is the dict itself, for writers and for `recorded`, which passes a field
-through into a machine output as the file has it (null when absent).
+default: None for a value, {} for an object, [] for an array. The exceptions say so in their docs: the flags
+(`server_attached`, `graph_captured_in_window`) are False, `profiler_used` is nsys, and three arrays whose emptiness
+is itself a recorded fact (`check_findings`, `graph_batch_sizes`, `log_span_bytes`) are None. A field `validate`
+does not check (schema.py FIELDS) is type-checked here: a value of another type reads as not recorded. `raw` is the
+dict itself, for writers and for `recorded`, which passes a field through into a machine output as the file has it
+(null when absent).
 """
 from __future__ import annotations
 
