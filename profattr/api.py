@@ -83,7 +83,8 @@ class Budget(Result):
 
 class Capture:
     """One capture: an nsys .sqlite / .nsys-rep, a torch-profiler trace or a folder of rank traces; `run` is the
-    run.json beside it (None when there is none)."""
+    run.json beside it as a `RunRecord` (typed accessors such as `run.batch`, `run.resolved`; `run.raw` the dict),
+    None when there is none."""
 
     def __init__(self, path):
         from profattr.check.locate import load_run

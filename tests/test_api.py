@@ -37,7 +37,8 @@ def test_open_reads_format_and_run_record():
     assert cap.format == "nsys"
     with open(GLM.replace(".sqlite", ".run.json")) as fh:
         run = json.load(fh)
-    assert cap.run["schema"] == run["schema"] and cap.run.get("server") == run.get("server")  # the run.json beside it
+    assert cap.run.raw == run  # the run.json beside it, as a RunRecord
+    assert (cap.run.schema, cap.run.model, cap.run.batch) == (run["schema"], run["model"], run["requests"]["batch"])
     assert profattr.open(cap) is cap
 
 

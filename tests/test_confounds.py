@@ -8,12 +8,18 @@ import json
 from click.testing import CliRunner
 
 from conftest import EXAMPLES
-from profattr.attribute.confounds import compare_runs
+from profattr.attribute import confounds
 from profattr.cli import cli
+from profattr.run_record import RunRecord, validate
 
 
 def run(name: str) -> dict:
     return json.loads((EXAMPLES / f"glm5/{name}.run.json").read_text())
+
+
+def compare_runs(a, b) -> list:
+    """confounds.compare_runs of two parsed (and edited) run.json dicts, validated as a file would be."""
+    return confounds.compare_runs(*(None if r is None else RunRecord(validate(r, "run.json")) for r in (a, b)))
 
 
 def test_backend_pair_differs_only_in_what_was_changed():

@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from hypothesis.configuration import set_hypothesis_home_dir
 
 from badinput import REAL_NCU, ncu_rows, trace_doc
+from profattr import run_record
 
 EXAMPLES = {"trace_order": 30, "trace_shift": 30, "trace_repeat": 30, "ncu_order": 150, "ncu_repeat": 150,
             "ncu_text": 60}
@@ -136,7 +137,7 @@ def test_repeated_events_are_counted_and_left_out(seed, share):
 # --- ncu CSVs ----------------------------------------------------------------------------------------------------
 
 ROWS = ncu_rows()
-RUN = json.loads(REAL_NCU.with_name("glm-drill-triton.run.json").read_text())
+RUN = run_record.load(REAL_NCU.with_name("glm-drill-triton.run.json"))
 
 
 def _text(rows) -> bytes:

@@ -211,6 +211,7 @@ def test_lm_head_gets_its_own_efficiency_against_its_weight_bytes(name, budgets,
     SQL gives for the longest nvjet launch of each step."""
     from click.testing import CliRunner
 
+    from profattr import run_record
     from profattr.cli import cli
     from profattr.report.collect import capture_gap
     from profattr.trace.reader import run_json_path
@@ -223,7 +224,7 @@ def test_lm_head_gets_its_own_efficiency_against_its_weight_bytes(name, budgets,
     durations = [r[0] for r in sql(path, KERNELS_IN_STEPS + """
         SELECT e - s FROM (SELECT *, row_number() OVER (PARTITION BY dev, step ORDER BY e - s DESC) AS rn
                            FROM assigned WHERE name LIKE 'nvjet%') WHERE rn = 1""", {"pattern": DECODE})]
-    gap, note = capture_gap(budget, run, str(run_json_path(path)), None)
+    gap, note = capture_gap(budget, run_record.load(run_json_path(path)), str(run_json_path(path)), None)
     assert note is None
     lm = gap["devices"][0]["lm_head"]
     assert lm["weight_bytes"] == pytest.approx(weight_bytes, rel=1e-12)

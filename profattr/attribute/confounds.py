@@ -10,18 +10,13 @@ from __future__ import annotations
 
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
+from profattr.run_record import RunRecord
+
 # GPU fields that change the speed of the same kernels
 GPU_FIELDS = ("name", "clocks_max_sm_mhz", "clocks_max_mem_mhz", "power_limit_w", "memory_total_mib")
 REQUEST_FIELDS = ("batch", "input_len", "max_new_tokens")
 # server arguments that only name where things are, not how they run
 IGNORED_SERVER_ARGS = {"port", "host", "model_path", "tokenizer_path", "served_model_name", "log_level"}
-
-
-def _get(run: Optional[dict], *keys: str) -> Any:
-    value: Any = run or {}
-    for key in keys:
-        value = value.get(key) if isinstance(value, dict) else None
-    return value
 
 
 def _differ(kind: str, what: str, a: Any, b: Any) -> Optional[Dict[str, Any]]:
@@ -35,41 +30,23 @@ def _pairs(a: Optional[dict], b: Optional[dict], keys: Iterable[str]) -> Iterabl
         yield key, (a or {}).get(key), (b or {}).get(key)
 
 
-def raw_flags(run: Optional[dict]) -> Dict[str, Any]:
-    """The server's command-line flags as run.json recorded them (`server.args`): `--name value` pairs, a flag
-    without a value as True, keys with `-` as `_`."""
-    args = _get(run, "server", "args")
-    out: Dict[str, Any] = {}
-    if not isinstance(args, list):
-        return out
-    items = [str(x) for x in args]
-    for i, item in enumerate(items):
-        if not item.startswith("--"):
-            continue
-        key, eq, value = item[2:].partition("=")
-        nxt = items[i + 1] if i + 1 < len(items) else None
-        out[key.replace("-", "_")] = value if eq else (nxt if nxt is not None and not nxt.startswith("--") else True)
-    return out
-
-
-def compare_runs(a: Optional[dict], b: Optional[dict]) -> List[Dict[str, Any]]:
+def compare_runs(a: Optional[RunRecord], b: Optional[RunRecord]) -> List[Dict[str, Any]]:
     """Differences between two run.json records, each {kind: intended|confound, what, a, b}. Empty when either
     run is unknown (there is nothing to compare: the report says so elsewhere)."""
-    if not isinstance(a, dict) or not isinstance(b, dict):
+    if a is None or b is None:
         return []
     out: List[Optional[Dict[str, Any]]] = []
-    args_a, args_b = _get(a, "server_log", "server_args") or {}, _get(b, "server_log", "server_args") or {}
+    args_a, args_b = a.logged_server_args, b.logged_server_args
     for key in sorted(set(args_a) | set(args_b)):
         if key not in IGNORED_SERVER_ARGS:
             out.append(_differ("intended", f"server argument {key}", args_a.get(key), args_b.get(key)))
     if not args_a or not args_b:  # no server arguments recorded: the backend profattr was asked for
-        out.append(_differ("intended", "MoE backend requested", _get(a, "backend", "requested"),
-                           _get(b, "backend", "requested")))
+        out.append(_differ("intended", "MoE backend requested", a.backend_requested, b.backend_requested))
     requested = {k for k in set(args_a) | set(args_b) if args_a.get(k) != args_b.get(k)}
     # flags the server log's server_args line does not show (e.g. --cuda-graph-max-bs), from the command line; a
     # flag whose change the line already shows under SGLang's own name is not said twice
     shown = {(args_a.get(k), args_b.get(k)) for k in requested}
-    flags_a, flags_b = raw_flags(a), raw_flags(b)
+    flags_a, flags_b = a.server_flags, b.server_flags
     # an attached server (capture --server) has no command line of profattr's: its settings are the server info's
     # server_args, compared above; an absent flag there is unknown, not off
     both = bool(flags_a) and bool(flags_b)
@@ -79,46 +56,41 @@ def compare_runs(a: Optional[dict], b: Optional[dict]) -> List[Dict[str, Any]]:
             continue
         requested.add(key)
         out.append({"kind": "intended", "what": f"server flag --{key.replace('_', '-')}", "a": va, "b": vb})
-    graphs_a, graphs_b = _get(a, "server_log", "cuda_graph", "batch_sizes"), _get(b, "server_log", "cuda_graph",
-                                                                                  "batch_sizes")
+    graphs_a, graphs_b = a.graph_batch_sizes, b.graph_batch_sizes
     # the decode graphs the server captured: a confound unless a flag that sets them changed
     out.append(_differ("intended" if any("cuda_graph" in k for k in requested) else "confound",
                        "CUDA graph batch sizes the server captured", graphs_a, graphs_b))
-    res_a, res_b = _get(a, "server_log", "resolved") or {}, _get(b, "server_log", "resolved") or {}
+    res_a, res_b = a.resolved, b.resolved
     for key, va, vb in _pairs(res_a, res_b, sorted(set(res_a) | set(res_b))):
         if key in requested and (va, vb) == (args_a.get(key), args_b.get(key)):
             continue  # resolved as asked: the server argument above says it
         # a backend SGLang resolved differently although the argument that sets it is the same on both sides
         kind = "intended" if key in requested else "confound"
         out.append(_differ(kind, f"backend SGLang resolved: {key}", va, vb))
-    for key, va, vb in _pairs(a.get("requests"), b.get("requests"), REQUEST_FIELDS):
+    for key, va, vb in _pairs(a.requests, b.requests, REQUEST_FIELDS):
         out.append(_differ("confound", f"requests {key}", va, vb))
-    out.append(_differ("confound", "tensor-parallel size", a.get("tp"), b.get("tp")))
+    out.append(_differ("confound", "tensor-parallel size", a.tp, b.tp))
     out += _model_differences(a, b)
-    pa, pb = a.get("packages") or {}, b.get("packages") or {}
+    pa, pb = a.packages, b.packages
     for key, va, vb in _pairs(pa, pb, sorted((set(pa) | set(pb)) - {"profattr"})):
         out.append(_differ("confound", f"{key} version", va, vb))
-    out.append(_differ("confound", f"{a.get('profiler') or 'nsys'} version",
-                       _get(a, "nsys", "version") or _get(a, "profiler_version"),
-                       _get(b, "nsys", "version") or _get(b, "profiler_version")))
-    out.append(_differ("confound", "profiler", a.get("profiler"), b.get("profiler")))
-    out.append(_differ("confound", "CUDA graph trace mode", _get(a, "capture", "cuda_graph_trace"),
-                       _get(b, "capture", "cuda_graph_trace")))
-    out.append(_differ("confound", "driver", a.get("driver_version"), b.get("driver_version")))
-    gpus_a = [g for g in a.get("gpus") or [] if isinstance(g, dict)]
-    gpus_b = [g for g in b.get("gpus") or [] if isinstance(g, dict)]
+    out.append(_differ("confound", f"{a.profiler_used} version", a.nsys_version or a.profiler_version,
+                       b.nsys_version or b.profiler_version))
+    out.append(_differ("confound", "profiler", a.profiler, b.profiler))
+    out.append(_differ("confound", "CUDA graph trace mode", a.cuda_graph_trace, b.cuda_graph_trace))
+    out.append(_differ("confound", "driver", a.driver_version, b.driver_version))
+    gpus_a, gpus_b = a.gpus, b.gpus
     out.append(_differ("confound", "GPU count", len(gpus_a) or None, len(gpus_b) or None))
     for ga, gb in zip(gpus_a, gpus_b):
         for key, va, vb in _pairs(ga, gb, GPU_FIELDS):
             out.append(_differ("confound", f"GPU {ga.get('index', '?')} {key}", va, vb))
-    out.append(_differ("confound", "host platform", _get(a, "host", "platform"), _get(b, "host", "platform")))
+    out.append(_differ("confound", "host platform", a.host.get("platform"), b.host.get("platform")))
     return [d for d in out if d is not None]
 
 
-def _quantization(run: dict):
+def _quantization(run: RunRecord):
     """The weight format a run's recorded config.json names (quant_method and quant_algo), or None."""
-    cfg = run.get("model_config")
-    q = cfg.get("quantization_config") if isinstance(cfg, dict) else None
+    q = run.model_config.get("quantization_config")
     if not isinstance(q, dict):
         return None
     nested = q.get("quantization") if isinstance(q.get("quantization"), dict) else {}
@@ -126,19 +98,19 @@ def _quantization(run: dict):
         or "quantized"
 
 
-def _model_differences(a: dict, b: dict) -> list:
+def _model_differences(a: RunRecord, b: RunRecord) -> list:
     """Two model folders whose config.json differ only in quantization_config are one model in two weight formats:
     that difference is the comparison's (intended), not a confound; any other model difference is one."""
-    if a.get("model") == b.get("model"):
+    if a.model == b.model:
         return []
-    ca, cb = a.get("model_config"), b.get("model_config")
-    if isinstance(ca, dict) and isinstance(cb, dict) and ca and cb:
+    ca, cb = a.model_config, b.model_config
+    if ca and cb:
         rest_a = {k: v for k, v in ca.items() if k != "quantization_config"}
         rest_b = {k: v for k, v in cb.items() if k != "quantization_config"}
         if rest_a == rest_b:
             return [d for d in [_differ("intended", "model weights' quantization (config.json quantization_config)",
                                         _quantization(a) or "none", _quantization(b) or "none")] if d]
-    return [d for d in [_differ("confound", "model", a.get("model"), b.get("model"))] if d]
+    return [d for d in [_differ("confound", "model", a.model, b.model)] if d]
 
 
 def describe(differences: List[Dict[str, Any]], kind: str) -> str:

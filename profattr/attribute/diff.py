@@ -43,6 +43,7 @@ from profattr.attribute.diff_stats import (COMM_WAIT, WINDOWS_FOR_VARIANCE, boot
 from profattr.attribute.verdict import decide
 from profattr.errors import ProfattrError
 from profattr.attribute.confounds import compare_runs
+from profattr.run_record import RunRecord, or_empty
 from profattr.trace.reader import run_json_path
 
 SCHEMA = "profattr.diff/1"
@@ -60,7 +61,7 @@ class Side:
     budget: dict
     per_step: pd.DataFrame | None
     per_step_category: pd.DataFrame | None
-    run: dict | None
+    run: RunRecord | None
     per_step_comm: pd.DataFrame | None = None  # device, step, category, collective_ns, wait_ns
     replicates: list = field(default_factory=list)  # the Sides a group averages ([] for one capture)
 
@@ -157,7 +158,7 @@ def _is_budget_json(p: Path) -> bool:
     return True
 
 
-def _run_json(p: Path) -> dict | None:
+def _run_json(p: Path) -> RunRecord | None:
     """The run.json beside a capture (validated: one that cannot be trusted is an error), or None."""
     from profattr import run_record
 
@@ -247,14 +248,14 @@ def compute_diff(a: Side, b: Side, samples: int = BOOTSTRAP_SAMPLES, changed: st
     out_devices = [_device_diff(a, b, da, db, rng, samples) for da, db in pairs]
     result = {
         "schema": SCHEMA,
-        "a": {"path": a.path, "steps": a.budget["steps"], "backend": (a.run or {}).get("backend"),
+        "a": {"path": a.path, "steps": a.budget["steps"], "backend": or_empty(a.run).recorded("backend"),
               "replicates": len(a.members), "levels": levels(a.members)},
-        "b": {"path": b.path, "steps": b.budget["steps"], "backend": (b.run or {}).get("backend"),
+        "b": {"path": b.path, "steps": b.budget["steps"], "backend": or_empty(b.run).recorded("backend"),
               "replicates": len(b.members), "levels": levels(b.members)},
         "devices": out_devices,
     }
     result["interval"] = coverage(result["a"]["levels"], result["b"]["levels"])
-    if changed is None and a.run and b.run and a.run.get("backend") != b.run.get("backend"):
+    if changed is None and a.run and b.run and a.run.recorded("backend") != b.run.recorded("backend"):
         changed = "moe"
     result["changed"] = changed
     result["warnings"] = (backend_warnings(result, a.run, b.run)
@@ -270,17 +271,17 @@ BACKEND_KEYS = (("moe_runner_backend", "MoE runner"), ("fp4_gemm_runner_backend"
 BACKEND_CATEGORIES = ("moe.gemm", "gemm.")  # the kernels a backend choice switches: expert and dense GEMMs
 
 
-def _backends(run: dict | None) -> dict:
+def _backends(run: RunRecord | None) -> dict:
     """{server arg: backend} a side ran with: what the server resolved (its log), else what was asked for."""
-    run = run or {}
-    resolved = ((run.get("server_log") or {}).get("resolved") or {})
+    run = or_empty(run)
+    resolved = run.resolved
     out = {k: resolved.get(k) for k, _ in BACKEND_KEYS if resolved.get(k)}
-    if "moe_runner_backend" not in out and (run.get("backend") or {}).get("sglang"):
-        out["moe_runner_backend"] = run["backend"]["sglang"]
+    if "moe_runner_backend" not in out and run.backend_sglang:
+        out["moe_runner_backend"] = run.backend_sglang
     return out
 
 
-def backend_warnings(result: dict, run_a: dict | None, run_b: dict | None) -> list:
+def backend_warnings(result: dict, run_a: RunRecord | None, run_b: RunRecord | None) -> list:
     """First of all: two sides that name different backends but ran the same expert and dense GEMM kernel
     families are not a backend comparison (a refused or `auto`-resolved backend, or one that falls back)."""
     ba, bb = _backends(run_a), _backends(run_b)

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from profattr.run_record import RunRecord
+
 NS_PER_MS = 1e6
 PRACTICAL_MS = 0.001  # 1 us per step
 PRACTICAL_SHARE = 0.005  # 0.5 % of the step
@@ -107,18 +109,17 @@ def _replicate_samples(m: np.ndarray, names: list, rng, samples: int) -> np.ndar
     return out
 
 
-def server_key(run) -> tuple | None:
+def server_key(run: RunRecord | None) -> tuple | None:
     """The identity of the server launch a capture was made in, from its run.json: the `profattr capture` session
     (its windows share one server) with its creation time, else the run itself (a capture that started its own
     server). None without a run.json: the server is unknown."""
-    if not isinstance(run, dict):
+    if run is None:
         return None
-    session = run.get("session")
-    created = run.get("created_utc")
-    if isinstance(session, dict) and session.get("name"):
-        return ("session", str(session["name"]), str(created))
-    if run.get("name") or created:
-        return ("run", str(run.get("name")), str(created))
+    created = run.created_utc
+    if run.session_name:
+        return ("session", run.session_name, str(created))
+    if run.name or created:
+        return ("run", str(run.name), str(created))
     return None
 
 

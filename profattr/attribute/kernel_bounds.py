@@ -21,6 +21,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, Optional, Sequence
 
+from profattr.run_record import RunRecord, or_empty
+
 SCHEMA = "profattr.drill/1"
 
 MEMORY_BOUND_PCT = 60.0  # ncu's SOLBottleneck rule: under 60 % of peak on memory and compute "typically indicate
@@ -317,9 +319,9 @@ def name_summaries(families: Sequence[Family], family_of: Mapping[str, Optional[
     return out
 
 
-def default_configs(run: Optional[dict]) -> Dict[str, list]:
+def default_configs(run: Optional[RunRecord]) -> Dict[str, list]:
     """taxonomy family -> the shapes SGLang's log says it ran with its default (untuned) Triton config."""
-    events = (((run or {}).get("server_log") or {}).get("events") or {}).get("default_kernel_config") or []
+    events = or_empty(run).log_events("default_kernel_config")
     out: Dict[str, list] = {}
     for e in events:
         text = str(e.get("text", "")) if isinstance(e, dict) else str(e)
@@ -333,25 +335,23 @@ def default_configs(run: Optional[dict]) -> Dict[str, list]:
     return out
 
 
-def _launch_count(run: dict) -> Optional[int]:
-    drill = run.get("drill") or {}
-    if isinstance(drill.get("launch_count"), int):
-        return drill["launch_count"]
-    cmd = (run.get("commands") or {}).get("profile") or []
+def _launch_count(run: RunRecord) -> Optional[int]:
+    if run.drill_launch_count is not None:
+        return run.drill_launch_count
+    cmd = run.profile_command
     for flag, value in zip(cmd, cmd[1:]):
         if flag == "--launch-count" and str(value).isdigit():
             return int(value)
     return None
 
 
-def drill_info(run: Optional[dict], profiled: int) -> dict:
+def drill_info(run: Optional[RunRecord], profiled: int) -> dict:
     """What the drill asked for and what it kept, from its run.json: status, graph mode, regex, launches asked for
     and profiled, ncu's own errors from the server log; `complete` is False when the drill did not finish."""
     if not run:
         return {"run_json": False, "complete": None, "profiled": profiled, "notes": [
             "no run.json beside the CSV: what the drill asked for (kernels, launches, graph mode) is unknown"]}
-    drill = run.get("drill") or {}
-    status = run.get("status")
+    status = run.status
     requested = _launch_count(run)
     notes = []
     complete = status == "complete"
@@ -363,22 +363,20 @@ def drill_info(run: Optional[dict], profiled: int) -> dict:
     elif requested and profiled < requested:
         notes.append(f"ncu profiled {profiled} of the {requested} launches asked for: the window held fewer "
                      "launches of these kernels")
-    errors = (((run.get("server_log") or {}).get("events") or {}).get("error")) or []
+    errors = run.log_events("error")
     failed = [str(e.get("text", "")) for e in errors if isinstance(e, dict) and "Failed to profile" in
               str(e.get("text", ""))]
     for text in failed:
         notes.append("ncu: " + text.replace("==ERROR== ", ""))
-    graphs = drill.get("graphs")
+    graphs = run.drill_graphs
     if not graphs:
-        args = ((run.get("server") or {}).get("args") or [])
+        args = run.server_args
         graphs = ("eager (--disable-cuda-graph)" if "--disable-cuda-graph" in args
                   else "CUDA graphs, kernels profiled as graph nodes (--graph-profiling node)")
-    return {"run_json": True, "name": run.get("name"), "status": status, "complete": complete, "of": drill.get("of"),
-            "graphs": graphs, "kernel_regex": drill.get("kernel_regex"), "kernel_base": drill.get("kernel_base"),
-            "launches_requested": requested, "profiled": profiled, "steps": drill.get("steps"),
-            "ncu_version": (run.get("ncu") or {}).get("version") if isinstance(run.get("ncu"), dict) else None,
-            "backend": (run.get("backend") or {}).get("sglang") if isinstance(run.get("backend"), dict) else None,
-            "model": run.get("model"), "notes": notes}
+    return {"run_json": True, "name": run.name, "status": status, "complete": complete, "of": run.drill_of,
+            "graphs": graphs, "kernel_regex": run.drill_kernel_regex, "kernel_base": run.drill_kernel_base,
+            "launches_requested": requested, "profiled": profiled, "steps": run.drill_steps,
+            "ncu_version": run.ncu_version, "backend": run.backend_sglang, "model": run.model, "notes": notes}
 
 
 def _peak_bytes_per_s(kernels: Sequence) -> Optional[float]:
@@ -462,8 +460,8 @@ def analyse_drill(ncu, categories: Mapping[str, str], families: Mapping[str, Opt
     names = name_summaries(fams, families or {}, default_configs(ncu.run), capture_kernels)
     notes = list(assumptions)
     notes.append("DRAM bytes: " + kernels[0].dram_bytes_source)
-    gpus = (ncu.run or {}).get("gpus") or []
-    boost = gpus[0].get("clocks_max_sm_mhz") if gpus and isinstance(gpus[0], dict) else None
+    gpus = or_empty(ncu.run).gpus
+    boost = gpus[0].get("clocks_max_sm_mhz") if gpus else None
     if clocks:
         notes.append(f"ncu ran the SMs at {statistics.median(clocks) / 1e9:.2f} GHz (gpc__cycles_elapsed.avg."
                      "per_second; ncu fixes the clocks by default, --clock-control base)"

@@ -23,40 +23,38 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
 from profattr.attribute.confounds import IGNORED_SERVER_ARGS, compare_runs
 from profattr.attribute.diff_stats import NS_PER_MS, server_key
 from profattr.errors import ProfattrError
+from profattr.run_record import RunRecord
 
 SCHEMA = "profattr.variance/1"
 METRICS = ("step_ms", "busy_ms", "idle_ms")  # the step's span, the GPU's busy time in it, and its idle time
 
 
-def configuration_key(run) -> str:
+def configuration_key(run: Optional[RunRecord]) -> str:
     """What a server ran, as a JSON string: captures with the same key are the same configuration."""
-    if not isinstance(run, dict):
+    if run is None:
         return json.dumps({"run": None})
-    log = run.get("server_log") if isinstance(run.get("server_log"), dict) else {}
-    args = {k: v for k, v in (log.get("server_args") or {}).items() if k not in IGNORED_SERVER_ARGS}
-    requests = run.get("requests") if isinstance(run.get("requests"), dict) else {}
-    workload = run.get("workload") if isinstance(run.get("workload"), dict) else None
-    key = {"model": run.get("model"), "tp": run.get("tp"), "batch": requests.get("batch"),
-           "backend": (run.get("backend") or {}).get("requested") if isinstance(run.get("backend"), dict) else None,
+    args = {k: v for k, v in run.logged_server_args.items() if k not in IGNORED_SERVER_ARGS}
+    workload = run.workload
+    key = {"model": run.model, "tp": run.tp, "batch": run.batch, "backend": run.backend_requested,
            "server_args": args,
            "workload": {k: v for k, v in workload.items() if k not in ("seed", "name", "output")} if workload
            else None}
     return json.dumps(key, sort_keys=True, default=str)
 
 
-def describe_configuration(run) -> str:
+def describe_configuration(run: Optional[RunRecord]) -> str:
     """A short name for a configuration: MoE runner, FP8 GEMM backend, batch (or the run's name)."""
-    if not isinstance(run, dict):
+    if run is None:
         return "unknown (no run.json)"
-    resolved = ((run.get("server_log") or {}).get("resolved") or {}) if isinstance(run.get("server_log"), dict) else {}
-    batch = (run.get("requests") or {}).get("batch") if isinstance(run.get("requests"), dict) else None
+    resolved = run.resolved
+    batch = run.batch
     parts = []
     if resolved.get("moe_runner_backend"):
         parts.append(f"MoE runner {resolved['moe_runner_backend']}")
@@ -64,7 +62,7 @@ def describe_configuration(run) -> str:
         parts.append(f"FP8 GEMM {resolved['fp8_gemm_runner_backend']}")
     if batch is not None:
         parts.append(f"batch {batch}")
-    return ", ".join(parts) or str(run.get("name") or "?")
+    return ", ".join(parts) or str(run.name or "?")
 
 
 def window_values(side, device) -> dict | None:

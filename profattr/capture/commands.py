@@ -219,6 +219,11 @@ def doctor(nsys_path, skip_capture, fmt):
     sys.exit(1 if overall(findings) == FAIL else 0)
 
 
+def _or(value, default):
+    """`value`, or `default` when the run did not record it (None)."""
+    return default if value is None else value
+
+
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("capture_path", metavar="CAPTURE", type=click.Path(path_type=Path))
 @click.option("--top", type=click.IntRange(1, 20), default=4, show_default=True,
@@ -261,7 +266,7 @@ def drill(capture_path, top, kernels, drill_steps, launch_count_opt, kernel_base
     if not dry_run:
         ncu_tool.find_ncu(ncu_path)  # first: without ncu nothing below is worth computing
     cap = locate(capture_path)
-    if cap.run is None or cap.run.get("target") != "sglang":
+    if cap.run is None or cap.run.target != "sglang":
         raise ProfattrError(f"{capture_path}: a drill re-runs an SGLang capture made by `profattr capture` "
                             "(its NAME.run.json says how); this capture has no SGLang run.json")
     if cap.sqlite is None and not (kernels and launch_count_opt):
@@ -275,18 +280,17 @@ def drill(capture_path, top, kernels, drill_steps, launch_count_opt, kernel_base
     else:
         regex = ncu_tool.kernel_regex([n for f in families for n in f.names])
         count = launch_count_opt or launch_count(families, drill_steps)
-    server_args = list(args) if args else list((run.get("server") or {}).get("args") or [])
+    server_args = list(args) if args else list(run.server_args)
     if eager and "--disable-cuda-graph" not in server_args:
         server_args.append("--disable-cuda-graph")
-    req = run.get("requests") or {}
     base = cap.run_path.name[: -len(".run.json")]
     opts = capture_plan.Options(
         out_dir=out_dir or cap.run_path.parent, name=name or f"{base}-drill", force=force, dry_run=dry_run,
-        args=tuple(server_args), model=run["model"], backend=(run.get("backend") or {}).get("requested"),
-        tp=run.get("tp") or 1, port=port or (run.get("server") or {}).get("port", 30000),
-        launcher=" ".join((run.get("server") or {}).get("launcher") or []) or None,
-        health_timeout_s=health_timeout_s, input_len=req.get("input_len", 64),
-        max_new_tokens=req.get("max_new_tokens", 64), batch=req.get("batch", 1), warmup=1, trials=1,
+        args=tuple(server_args), model=run.model, backend=run.backend_requested,
+        tp=run.tp or 1, port=port or _or(run.server_port, 30000),
+        launcher=" ".join(run.server_launcher) or None,
+        health_timeout_s=health_timeout_s, input_len=_or(run.input_len, 64),
+        max_new_tokens=_or(run.max_new_tokens, 64), batch=_or(run.batch, 1), warmup=1, trials=1,
         steps=drill_steps, profiler="ncu", ncu=ncu_path, ncu_kernels=regex, ncu_launch_count=count,
         ncu_kernel_base=kernel_base)
     for f in families:

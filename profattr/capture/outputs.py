@@ -20,6 +20,7 @@ from profattr.capture import sglang
 from profattr.capture.drive import CLIENT_CAVEAT
 from profattr.capture.plan import SUFFIXES, Plan
 from profattr.errors import ProfattrError
+from profattr.run_record import RunRecord
 
 Echo = Callable[[str], None]
 TORCH_SUFFIX = ".trace.json.gz"
@@ -114,7 +115,7 @@ def finish_outputs(p_dir: Path, name: str, run: dict, nsys_path: str | None, imp
     readable = sqlite if sqlite.exists() else (traces[0] if len(traces) == 1 else traces if traces else None)
     if readable is not None and run.get("profiler") != "ncu":
         try:
-            findings, budget = evaluate(readable, run)
+            findings, budget = evaluate(readable, RunRecord(run))  # the checks read the run being written
         except ProfattrError as exc:
             if readable == sqlite:
                 raise

@@ -365,7 +365,7 @@ def finish(path, name: str | None, nsys_explicit: str | None, force: bool, echo:
             raise ProfattrError(f"{path}: need exactly one NAME.run.json (or one bare NAME.qdstrm) to finish (found "
                                 f"{found}); give --name or the file itself")
         run_path = runs[0]
-    run = load_run(run_path)
+    run = load_run(run_path).raw  # validated; finishing writes it again, with what the finish adds
     name = run_path.name[: -len(".run.json")]
     return _finish_run(run_path, run, name, nsys_explicit, force, echo)
 

@@ -49,15 +49,5 @@ def to_json(findings, capture=None) -> dict:
             "status": overall(findings), "findings": [f.to_dict() for f in findings]}
 
 
-def get(run, *keys, default=None):
-    """run["a"]["b"]... or `default` when any level is missing."""
-    node = run
-    for key in keys:
-        if not isinstance(node, dict) or key not in node:
-            return default
-        node = node[key]
-    return node
-
-
 def short(name: str, width: int = 70) -> str:
     return name if len(name) <= width else name[: width - 3] + "..."

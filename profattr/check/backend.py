@@ -4,8 +4,8 @@ fingerprinted by the taxonomy's families; the server log (serverlog.py) tells wh
 back, or compiled/autotuned inside the window."""
 from __future__ import annotations
 
-from profattr.check import FAIL, PASS, SKIP, WARN, Finding, get
-from profattr.run_record import server_flag
+from profattr.check import FAIL, PASS, SKIP, WARN, Finding
+from profattr.run_record import RunRecord, or_empty
 
 RESOLVED_ARGS = {"moe_runner_backend": "MoE runner", "fp8_gemm_runner_backend": "FP8 GEMM",
                  "fp4_gemm_runner_backend": "FP4 GEMM", "attention_backend": "attention"}
@@ -36,10 +36,11 @@ def moe_families(names: list) -> tuple:
     return gemm_ns, moe_ns
 
 
-def check_backend(run: dict | None, names: list) -> Finding:
+def check_backend(run: RunRecord | None, names: list) -> Finding:
     from profattr.engines.sglang import BACKEND_FAMILIES
 
-    backend = get(run, "server_log", "resolved", "moe_runner_backend") or get(run, "backend", "sglang")
+    run = or_empty(run)
+    backend = run.resolved.get("moe_runner_backend") or run.backend_sglang
     if not backend:
         return Finding("backend", SKIP, "no MoE runner backend recorded in run.json")
     if backend not in BACKEND_FAMILIES:
@@ -79,22 +80,22 @@ def check_backend(run: dict | None, names: list) -> Finding:
                    "no other backend's MoE kernels", data)
 
 
-def check_server_log(run: dict | None) -> Finding:
+def check_server_log(run: RunRecord | None) -> Finding:
     """What the server log says: resolved backends (against the request), default kernel configs, fallbacks,
     JIT compilation or autotuning inside the window, errors."""
-    ev = get(run, "server_log")
-    if not isinstance(ev, dict):
+    run = or_empty(run)
+    if not run.has("server_log"):
         return Finding("server_log", SKIP, "no server log evidence in run.json (not an SGLang capture, or made "
                        "before profattr read server logs)")
-    if ev.get("source") == "server_info":
-        said = ", ".join(f"{k} {v}" for k, v in (ev.get("resolved") or {}).items() if v)
+    if run.log_source == "server_info":
+        said = ", ".join(f"{k} {v}" for k, v in run.resolved.items() if v)
         return Finding("server_log", SKIP, "an attached server's log is not read (capture --server): JIT "
                        "compilation, kernel-config fallbacks and errors inside the window are not checked; its "
-                       f"server info says {said or 'no backends'}", {"resolved": ev.get("resolved") or {}})
-    resolved = ev.get("resolved") or {}
-    requested = get(run, "backend", "sglang")
-    data = {"resolved": resolved, "default_kernel_configs": ev.get("default_kernel_configs") or [],
-            "counts": ev.get("counts") or {}, "in_window": ev.get("in_window") or {}}
+                       f"server info says {said or 'no backends'}", {"resolved": run.resolved})
+    resolved = run.resolved
+    requested = run.backend_sglang
+    data = {"resolved": resolved, "default_kernel_configs": run.default_kernel_configs,
+            "counts": run.log_counts, "in_window": run.log_in_window}
     said = ", ".join(f"{RESOLVED_ARGS[k]} {v}" for k, v in resolved.items() if k in RESOLVED_ARGS and v)
     problems, status = [], PASS
     if requested and resolved.get("moe_runner_backend") and requested not in ("auto",) \
@@ -102,23 +103,23 @@ def check_server_log(run: dict | None) -> Finding:
         problems.append(f"the MoE runner {requested!r} was asked for but the server resolved "
                         f"{resolved['moe_runner_backend']!r}")
         status = FAIL
-    in_window = ev.get("in_window") or {}
+    in_window = run.log_in_window
     if in_window.get("jit_compile"):
-        first = next((e["text"] for e in ev["events"].get("jit_compile", []) if e.get("in_window")), "")
+        first = next((e["text"] for e in run.log_events("jit_compile") if e.get("in_window")), "")
         problems.append(f"{in_window['jit_compile']} compilation/autotuning line(s) inside the window (\"{first[:90]}\")")
         status = FAIL
     if in_window.get("error"):
         problems.append(f"{in_window['error']} error line(s) inside the window")
         status = FAIL
-    configs = ev.get("default_kernel_configs") or []
-    if (ev.get("counts") or {}).get("default_kernel_config"):
+    configs = run.default_kernel_configs
+    if run.log_counts.get("default_kernel_config"):
         names = ", ".join(configs[:3]) + (" ..." if len(configs) > 3 else "")
         shapes = names or "see the log"
         problems.append(f"{len(configs) or 'some'} kernel shape(s) without a tuned config for this GPU ({shapes}): "
                         "those Triton kernels run SGLang's default tile config; tune them (SGLang's benchmark/kernels "
                         "tuning scripts) or expect slower kernels")
         status = status if status == FAIL else WARN
-    fallbacks = [e["text"] for e in ev["events"].get("fallback", [])]
+    fallbacks = [e["text"] for e in run.log_events("fallback")]
     if fallbacks:
         problems.append(f"fallback reported: \"{fallbacks[0][:120]}\"")
         status = status if status == FAIL else WARN
@@ -148,15 +149,15 @@ def gemm_families(names: list) -> dict:
     return {"families": out, "math": math}
 
 
-def check_fp4_backend(run: dict | None, names: list) -> Finding:
+def check_fp4_backend(run: RunRecord | None, names: list) -> Finding:
     """The FP4 GEMM backend and MoE runner asked for (run.json server arguments, `auto` included), what the server
     resolved (its log: server_args, the `quant=... quant_algo=...` load line) and the FP4 kernels that ran."""
-    ev = get(run, "server_log") or {}
-    asked_gemm = server_flag(run, "--fp4-gemm-backend") or get(ev, "server_args", "fp4_gemm_runner_backend")
-    resolved_gemm = get(ev, "resolved", "fp4_gemm_runner_backend")
-    asked_moe = get(run, "backend", "sglang")
-    resolved_moe = get(ev, "resolved", "moe_runner_backend")
-    quant = get(ev, "loaded_quant") or {}
+    run = or_empty(run)
+    asked_gemm = run.server_flag("--fp4-gemm-backend") or run.logged_server_args.get("fp4_gemm_runner_backend")
+    resolved_gemm = run.resolved.get("fp4_gemm_runner_backend")
+    asked_moe = run.backend_sglang
+    resolved_moe = run.resolved.get("moe_runner_backend")
+    quant = run.loaded_quant
     seen = gemm_families(names)
     fp4 = seen["families"].get("gemm.fp4", {})
     fp4_quant = "fp4" in str(quant.get("quant") or "").lower() or str(quant.get("quant_algo") or "").upper() == "NVFP4"

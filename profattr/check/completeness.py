@@ -14,8 +14,9 @@ Each says the likely cause (old nsys for this CUDA, buffer loss, window closed e
 """
 from __future__ import annotations
 
-from profattr.check import FAIL, PASS, SKIP, WARN, Finding, get
+from profattr.check import FAIL, PASS, SKIP, WARN, Finding
 from profattr.check.facts import correlation_gaps
+from profattr.run_record import RunRecord, or_empty
 from profattr.tools.nsys import parse_version
 
 COVERAGE_FAIL = 0.5  # GPU activity covering less than half of the window's records
@@ -80,14 +81,15 @@ def check_steps_with_work(budget) -> Finding:
     return Finding("steps_with_gpu_work", status, f"{text}; {empty} launched nothing: {CAUSE}", data)
 
 
-def check_graphs_recorded(run: dict | None, facts) -> Finding:
-    if get(run, "server", "attached") is True:
+def check_graphs_recorded(run: RunRecord | None, facts) -> Finding:
+    run = or_empty(run)
+    if run.server_attached:
         return Finding("graphs_recorded", SKIP, "an attached server's log is not read (capture --server): which "
                        "decode CUDA graphs it captured is not known, only its setting disable_cuda_graph="
-                       f"{get(run, 'server_log', 'server_args', 'disable_cuda_graph')}",
+                       f"{run.logged_server_args.get('disable_cuda_graph')}",
                        {"graph_launches": facts.calls[1]})
-    used = get(run, "server_log", "cuda_graph")
-    if not isinstance(used, dict):
+    used = run.cuda_graph
+    if not run.has("server_log.cuda_graph"):
         return Finding("graphs_recorded", SKIP, "no server log evidence of CUDA-graph use")
     n_graph = facts.calls[1]
     if not used.get("decode"):
@@ -103,7 +105,7 @@ def check_graphs_recorded(run: dict | None, facts) -> Finding:
                    f"capture holds no graph launch: {CAUSE}", {"graph_launches": 0, "batch_sizes": sizes})
 
 
-def _cuda_version(run: dict | None, source) -> int | None:
+def _cuda_version(run: RunRecord | None, source) -> int | None:
     """The CUDA driver's version as 1000 * major + 10 * minor (13000 for 13.0), when recorded."""
     tables = source.nsys_tables()
     if tables is not None and tables.has("TARGET_INFO_SYSTEM_ENV"):
@@ -113,18 +115,17 @@ def _cuda_version(run: dict | None, source) -> int | None:
                 return int(value)
             except (TypeError, ValueError):
                 pass
-    version = get(run, "timing", "cuda_driver_version")
-    return int(version) if isinstance(version, int) else None
+    return or_empty(run).cuda_driver_version
 
 
-def check_profiler_version(run: dict | None, source, facts) -> Finding:
+def check_profiler_version(run: RunRecord | None, source, facts) -> Finding:
     if source.format != "nsys":
-        if get(run, "server", "attached") is True:
+        if or_empty(run).server_attached:
             return Finding("profiler_version", SKIP, f"{source.tool_version}, inside the running server (capture "
                            "--server): its profiler against the CUDA driver is not checked (no nsys recorded it)")
         return Finding("profiler_version", SKIP, f"{source.tool_version}")
     # the nsys that recorded (run.json); an export only names the nsys that exported it
-    recorded = get(run, "nsys", "version")
+    recorded = or_empty(run).nsys_version
     shown = recorded or source.nsys_version
     version = parse_version(shown or "")
     cuda = _cuda_version(run, source)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from profattr.errors import ProfattrError
+from profattr.run_record import RunRecord
 from profattr.trace.reader import resolve_capture
 
 TRACE_SUFFIX = ".trace.json.gz"
@@ -19,7 +20,7 @@ class Capture:
     capture)."""
 
     path: "Path | list | None"  # an export or trace; a list of rank trace files
-    run: dict | None
+    run: RunRecord | None
     run_path: Path | None
 
     @property
@@ -27,19 +28,18 @@ class Capture:
         return self.path
 
 
-def load_run(path: Path) -> dict:
-    """A run.json written by `profattr capture`; ProfattrError when it is not one."""
+def load_run(path: Path) -> RunRecord:
+    """The RunRecord of a run.json written by `profattr capture`; ProfattrError when it is not one."""
     from profattr import run_record
 
     return run_record.load(path, require_schema=True)
 
 
-def _capture_of_run(run_path: Path, run: dict) -> Path | None:
-    files = run.get("files") or {}
+def _capture_of_run(run_path: Path, run: RunRecord) -> Path | None:
     name = run_path.name[: -len(".run.json")]
-    candidates = [run_path.parent / files["sqlite"]] if files.get("sqlite") else []
+    candidates = [run_path.parent / run.sqlite_file] if run.sqlite_file else []
     candidates.append(run_path.parent / f"{name}.sqlite")
-    traces = files.get("traces") or sorted(p.name for p in run_path.parent.glob(f"{name}-TP-*{TRACE_SUFFIX}"))
+    traces = run.trace_files or sorted(p.name for p in run_path.parent.glob(f"{name}-TP-*{TRACE_SUFFIX}"))
     for c in candidates:
         if c.exists():
             return c

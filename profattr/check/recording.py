@@ -2,19 +2,20 @@
 tensor-parallel device, NVTX ranges?"""
 from __future__ import annotations
 
-from profattr.check import FAIL, PASS, SKIP, Finding, get
+from profattr.check import FAIL, PASS, SKIP, Finding
+from profattr.run_record import RunRecord, or_empty
 
 
-def traced_cuda(run: dict | None, facts) -> bool | None:
+def traced_cuda(run: RunRecord | None, facts) -> bool | None:
     """Whether CUDA was traced: from run.json's --trace, else from the capture's own settings; None when neither
     says (a torch-profiler trace: it says by holding GPU events)."""
-    trace = get(run, "capture", "trace")
-    if trace and get(run, "profiler", default="nsys") == "nsys":
-        return "cuda" in str(trace).split(",")
+    run = or_empty(run)
+    if run.capture_trace and run.profiler_used == "nsys":
+        return "cuda" in run.capture_trace.split(",")
     return facts.traced_cuda
 
 
-def check_kernels(run: dict | None, facts) -> Finding:
+def check_kernels(run: RunRecord | None, facts) -> Finding:
     devices, (n_calls, n_graph) = facts.devices, facts.calls
     n_kernels = sum(d["kernels"] for d in devices)
     if traced_cuda(run, facts) is False:
@@ -63,10 +64,11 @@ def check_replay_ids(source) -> Finding | None:
         "graphs captured inside the window"), links.to_dict())
 
 
-def check_devices(run: dict | None, facts, gpus_listed: int) -> Finding:
+def check_devices(run: RunRecord | None, facts, gpus_listed: int) -> Finding:
     seen = [d["deviceId"] for d in facts.devices]
     processes = sum(d["processes"] for d in facts.devices)
-    tp = get(run, "tp")
+    run = or_empty(run)
+    tp = run.tp
     if not facts.devices:
         return Finding("devices", SKIP, "no kernels, so no devices to count")
     if not tp:
@@ -78,13 +80,13 @@ def check_devices(run: dict | None, facts, gpus_listed: int) -> Finding:
                        f"in {processes} process(es)", {"devices": seen, "tp": tp})
     how = ("SGLang calls cudaProfilerStart only on its base GPU: record the window with `profattr capture "
            "--capture-range session` (every process), and keep --trace-fork-before-exec=true"
-           if get(run, "target") == "sglang" and get(run, "capture", "capture_range") == "cudaProfilerApi" else
+           if run.target == "sglang" and run.capture_range == "cudaProfilerApi" else
            "nsys needs --trace-fork-before-exec=true, and every rank's process must be inside the capture range")
     return Finding("devices", FAIL, f"kernels from {len(seen)} of {tp} tensor-parallel devices {seen}: the other "
                    f"ranks were not recorded; {how}", {"devices": seen, "tp": tp})
 
 
-def check_nvtx(run: dict | None, facts) -> Finding:
+def check_nvtx(run: RunRecord | None, facts) -> Finding:
     types = facts.nvtx_types
     if types is None:
         return Finding("nvtx", SKIP, "no NVTX events in the capture" if facts.format == "nsys" else
@@ -93,7 +95,7 @@ def check_nvtx(run: dict | None, facts) -> Finding:
     if ranges:
         return Finding("nvtx", PASS, f"{ranges} NVTX ranges recorded", {"ranges": ranges})
     if types.get(75) or types.get(76):
-        version = get(run, "packages", "nvtx") or "installed"
+        version = or_empty(run).packages.get("nvtx") or "installed"
         return Finding("nvtx", FAIL, f"NVTX domains were created but no range was recorded: the Python nvtx "
                        f"package ({version}) emits ranges this nsys does not record; use nvtx<0.2.12 with nsys "
                        "2023.4, or torch.cuda.nvtx", {"event_types": types})

@@ -9,6 +9,7 @@ from profattr.check import SKIP, backend, completeness, recording, timing
 from profattr.check.facts import gather
 from profattr.check.locate import Capture, locate
 from profattr.errors import ProfattrError
+from profattr.run_record import RunRecord
 from profattr.trace.ops import Ops
 from profattr.trace.source import open_trace
 
@@ -35,7 +36,7 @@ def _budget(source) -> tuple:
     return budget, budget.attribution.ops, None
 
 
-def evaluate(path, run: dict | None = None, twin=None) -> tuple:
+def evaluate(path, run: RunRecord | None = None, twin=None) -> tuple:
     """(findings, budget or None): all checks on one capture (and its run.json, when there is one), with the
     per-step budget they used. `twin`: another capture of the same decode (eager or torch profiler) to compare
     kernels per step with."""
@@ -49,7 +50,7 @@ def evaluate(path, run: dict | None = None, twin=None) -> tuple:
     return findings, budget
 
 
-def evaluate_budget(source, budget, run: dict | None = None) -> list:
+def evaluate_budget(source, budget, run: RunRecord | None = None) -> list:
     """All checks on a capture already open as `source`, with the budget its caller computed from it (keeping its
     attribution): the checks that count steps count the caller's steps, so a report's checks and budgets agree."""
     if budget.attribution is None:
@@ -57,7 +58,7 @@ def evaluate_budget(source, budget, run: dict | None = None) -> list:
     return _checks(source, run, budget, budget.attribution.ops, None)
 
 
-def _checks(source, run: dict | None, budget, ops, why_not) -> list:
+def _checks(source, run: RunRecord | None, budget, ops, why_not) -> list:
     """The findings, in their fixed order, from an open reader, its ops and its budget (None: `why_not` says why)."""
     facts = gather(source, ops)
     cuda = recording.traced_cuda(run, facts) is not False
@@ -103,7 +104,7 @@ def _twin_finding(path, budget, twin):
             else completeness.check_twin(None, None, str(twin)))
 
 
-def run_checks(path, run: dict | None = None) -> list:
+def run_checks(path, run: RunRecord | None = None) -> list:
     return evaluate(path, run)[0]
 
 
@@ -117,7 +118,7 @@ def located(path) -> Capture:
     """The capture and run.json at `path` (locate.py); ProfattrError when there is nothing to check yet."""
     cap: Capture = locate(path)
     if cap.path is None:
-        status = (cap.run or {}).get("status")
+        status = cap.run.status if cap.run is not None else None
         if status == "needs_import":
             raise ProfattrError(f"{cap.run_path}: the capture is a raw .qdstrm stream not yet turned into a report; "
                                 f"run `profattr capture --finish {cap.run_path.parent}` where QdstrmImporter exists")
@@ -126,12 +127,12 @@ def located(path) -> Capture:
     return cap
 
 
-def fresh_server_log(cap: Capture) -> dict | None:
+def fresh_server_log(cap: Capture) -> RunRecord | None:
     """run.json with its server-log evidence read again from the log beside it (what the log says is re-derived
     each time: the reading improves, the log does not change)."""
     run = cap.run
-    log = (run or {}).get("files", {}).get("log") if isinstance((run or {}).get("files"), dict) else None
-    if not run or run.get("target") != "sglang" or not log or cap.run_path is None:
+    log = run.log_file if run is not None else None
+    if not run or run.target != "sglang" or not log or cap.run_path is None:
         return run
     path = cap.run_path.parent / log
     if not path.is_file():
@@ -141,12 +142,11 @@ def fresh_server_log(cap: Capture) -> dict | None:
     evidence = serverlog.read_log(path)
     if not evidence:
         return run
-    run = dict(run, server_log=serverlog.for_window(evidence, run.get("window") or {}))
-    timing = run.get("timing") if isinstance(run.get("timing"), dict) else {}
-    batch = (run.get("requests") or {}).get("batch") if isinstance(run.get("requests"), dict) else None
-    if "unprofiled_step" not in timing and isinstance(batch, int) and batch > 0:
+    run = run.replaced(server_log=serverlog.for_window(evidence, run.window))
+    batch = run.batch
+    if not run.has("timing.unprofiled_step") and batch is not None:
         # a capture made before the timing rounds' span was recorded: every clean decode line at its batch
-        steps = serverlog.unprofiled_steps(path, batch, timing.get("log_span_bytes"))
+        steps = serverlog.unprofiled_steps(path, batch, run.log_span_bytes)
         if steps is not None:
-            run["timing"] = dict(timing, unprofiled_step=steps)
+            run = run.replaced(timing=dict(run.timing, unprofiled_step=steps))
     return run

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from profattr.attribute.steady import steady_state
-from profattr.check import FAIL, PASS, SKIP, WARN, Finding, get, short
+from profattr.check import FAIL, PASS, SKIP, WARN, Finding, short
+from profattr.run_record import RunRecord, or_empty
 
 # first-call outliers: a kernel's first run this many times its median, and longer than the median by this much
 FIRST_CALL_RATIO = 10.0
@@ -76,7 +77,7 @@ def _config_keys(seq: dict) -> list:
     return packed
 
 
-def check_first_calls(source, devices: list, run: dict | None = None) -> Finding:
+def check_first_calls(source, devices: list, run: RunRecord | None = None) -> Finding:
     if not devices:
         return Finding("first_calls", SKIP, "no kernels")
     seq = source.kernel_configs()
@@ -129,7 +130,7 @@ def check_first_calls(source, devices: list, run: dict | None = None) -> Finding
                                      "late_device_first_ms": late_own_ns / 1e6}
         peers = ", ".join(str(d) for d in late)
         why = ("; the CUDA graph was captured inside the window (graph_captured_in_window), so the ranks "
-               "finished capturing at different times" if get(run, "workload", "graph_captured_in_window")
+               "finished capturing at different times" if or_empty(run).graph_captured_in_window
                else "")
         return Finding("first_calls", status, f"{head}; worst: the first {name} on device {worst[2]} took "
                        f"{worst[3] / 1e6:.3f} ms (median {worst[4] / 1e6:.3f}) because it waited "
@@ -189,12 +190,13 @@ def profiled_timing(budget) -> dict:
             "profiled_per_device": per_device}
 
 
-def _client_profiled(run: dict | None):
+def _client_profiled(run: RunRecord | None):
     """The client-side profiled ms/token of a run, if it recorded one (older runs kept it under
     ms_per_token_profiled without a profiled_source)."""
-    value = get(run, "timing", "ms_per_token_profiled_client")
-    if value is None and not get(run, "timing", "profiled_source"):
-        value = get(run, "timing", "ms_per_token_profiled")
+    run = or_empty(run)
+    value = run.ms_per_token_profiled_client
+    if value is None and not run.profiled_source:
+        value = run.ms_per_token_profiled
     return value
 
 
@@ -207,13 +209,13 @@ def _step_spread_ms(budget, device: int) -> float:
     return float(q75 - q25) / 2e6
 
 
-def check_step_overhead(run: dict, budget, measured: dict) -> Finding:
+def check_step_overhead(run: RunRecord, budget, measured: dict) -> Finding:
     """Profiled against unprofiled as the same quantity: the capture's median step against the server's own
     unprofiled decode step at the window's batch (timing.unprofiled_step). They disagree when they differ by more
     than their noise (half the interquartile range of each, and at least STEP_AGREE_SHARE of the step): a profiled
     step shorter than the unprofiled one means the capture's steps leave out part of what decode takes (host time
     between steps, say), and a longer one is the profiler's cost."""
-    step = get(run, "timing", "unprofiled_step")
+    step = run.unprofiled_step
     unprof = float(step["ms_per_step"])
     prof = measured["ms_per_token_profiled"]
     slowest = max(measured["profiled_per_device"], key=lambda d: d["step_ms"])["device"]
@@ -225,7 +227,7 @@ def check_step_overhead(run: dict, budget, measured: dict) -> Finding:
             "unprofiled_source": f"{step.get('method', 'server log')}; {step.get('lines', '?')} lines from "
                                  f"{step.get('lines_from', 'the log')}",
             "profiled_source": measured["profiled_source"], "profiled_per_device": measured["profiled_per_device"],
-            "ms_per_token_unprofiled_client": get(run, "timing", "ms_per_token_unprofiled")}
+            "ms_per_token_unprofiled_client": run.ms_per_token_unprofiled}
     text = (f"median step {prof:.3f} ms under the profiler vs {unprof:.3f} ms per unprofiled decode step at batch "
             f"{step.get('batch', '?')} from the server's decode lines ({ratio:.2f}x; noise +/-{noise:.3f} ms)")
     if prof < unprof - noise:
@@ -241,17 +243,18 @@ def check_step_overhead(run: dict, budget, measured: dict) -> Finding:
                    "not representative (fewer traced APIs, or --cuda-graph-trace=node overhead)", data)
 
 
-def check_overhead(run: dict | None, budget=None) -> Finding:
-    unprof = get(run, "timing", "ms_per_token_unprofiled")
+def check_overhead(run: RunRecord | None, budget=None) -> Finding:
+    run = or_empty(run)
+    unprof = run.ms_per_token_unprofiled
     measured = profiled_timing(budget)
-    if measured and get(run, "timing", "unprofiled_step", "ms_per_step"):
+    if measured and run.unprofiled_step.get("ms_per_step"):
         return check_step_overhead(run, budget, measured)
     client = _client_profiled(run)
     if measured:
         prof, source = measured["ms_per_token_profiled"], "median step span in the capture"
     else:
         # no steps in the capture: fall back to what the target measured around the window
-        prof = get(run, "timing", "ms_per_token_profiled") if get(run, "timing", "profiled_source") else client
+        prof = run.ms_per_token_profiled if run.profiled_source else client
         source = "client-side"
     if not unprof or not prof:
         return Finding("overhead", SKIP, "profiled and unprofiled ms/token not both recorded in run.json")
@@ -273,9 +276,9 @@ def check_overhead(run: dict | None, budget=None) -> Finding:
                    "representative (fewer traced APIs, or --cuda-graph-trace=node overhead)", data)
 
 
-def check_steps(run: dict | None, budget, why_not: str | None, devices: list | None = None) -> Finding:
+def check_steps(run: RunRecord | None, budget, why_not: str | None, devices: list | None = None) -> Finding:
     """Steps counted per device (each tensor-parallel rank runs every step) against the steps requested."""
-    requested = get(run, "window", "steps_requested")
+    requested = or_empty(run).steps_requested
     if not requested:
         return Finding("steps", SKIP, "no requested step count in run.json")
     if budget is None:

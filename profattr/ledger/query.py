@@ -10,6 +10,7 @@ from profattr.attribute.budget import SCHEMA as BUDGET_SCHEMA
 from profattr.attribute.diff import BOOTSTRAP_SAMPLES, Side, compute_diff
 from profattr.errors import ProfattrError
 from profattr.ledger.schema import TABLES, checked, has_columns, ledger_path, stored_json
+from profattr.run_record import RunRecord
 
 JSON_COLUMNS = ("rules_files", "nvtx_placement", "comm_summary", "export_gpus", "backend_json", "server_resolved",
                 "server_args")
@@ -209,7 +210,8 @@ def entry_side(db, entry: dict) -> Side:
     per_step_comm = _frame(db, "SELECT device, step, category, collective_ns, wait_ns FROM step_comm "
                                "WHERE entry_id = ? ORDER BY device, step, category", eid,
                            ["device", "step", "category", "collective_ns", "wait_ns"], "step_comm")
-    run = {"backend": stored_json(db, "entries", entry, "backend_json")} if entry["run_json_path"] else None
+    # what the ledger kept of the run.json: the backend a diff compares
+    run = RunRecord({"backend": stored_json(db, "entries", entry, "backend_json")}) if entry["run_json_path"] else None
     return Side(entry["export_path"], budget_dict(db, entry), per_step, per_step_category, run, per_step_comm)
 
 

@@ -20,6 +20,7 @@ from profattr.attribute.budget import Budget, compute_budget
 from profattr.errors import ProfattrError
 from profattr.ledger.schema import (TABLES, add_new_columns, check_schema, create_ledger, create_missing_tables,
                                    create_tables, open_ledger, transaction)
+from profattr.run_record import RunRecord
 from profattr.taxonomy.classify import RULES_DIR, load_rules
 from profattr.trace.reader import run_json_path
 
@@ -36,7 +37,7 @@ class Pending:
     size_bytes: int
     label: Optional[str]  # None: the default (run.json name, else the file name)
     budget: Optional[Budget] = None
-    run: Optional[dict] = None
+    run: Optional[RunRecord] = None
     run_path: Optional[Path] = None
 
 
@@ -75,9 +76,9 @@ def check_label(label: str) -> str:
     return label
 
 
-def default_label(path: Path, run: Optional[dict]) -> str:
-    if run and isinstance(run.get("name"), str) and run["name"].strip():
-        name = run["name"]
+def default_label(path: Path, run: Optional[RunRecord]) -> str:
+    if run and run.name and run.name.strip():
+        name = run.name
     else:
         name = path.name
         for suffix in (".sqlite", ".nsys-rep", ".qdrep"):
@@ -88,7 +89,7 @@ def default_label(path: Path, run: Optional[dict]) -> str:
 
 
 def read_run(path: Path) -> tuple:
-    """(run dict, run.json path) when NAME.run.json is beside the capture, else (None, None)."""
+    """(RunRecord, run.json path) when NAME.run.json is beside the capture, else (None, None)."""
     from profattr.check.locate import load_run
 
     run_path = run_json_path(path)
@@ -215,7 +216,7 @@ def insert_entry(db, item: Pending, steps: str, rules: Sequence, taxonomy: str, 
     entry_id = db["entries"].insert(entry).last_pk
     if item.run:
         db["gpus"].insert_all(gpu_rows(entry_id, item.run))
-        packages = item.run.get("packages") if isinstance(item.run.get("packages"), dict) else {}
+        packages = item.run.packages
         db["packages"].insert_all([{"entry_id": entry_id, "package": str(k), "version": v}
                                    for k, v in packages.items()])
     for table, rows in budget_rows(entry_id, b).items():
@@ -241,40 +242,25 @@ def _json(value) -> Optional[str]:
     return None if value is None else json.dumps(value, sort_keys=True)
 
 
-def _dict(run: dict, key: str) -> dict:
-    value = run.get(key)
-    return value if isinstance(value, dict) else {}
-
-
-def _number(value):
-    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def run_facts(run: Optional[dict]) -> dict:
+def run_facts(run: Optional[RunRecord]) -> dict:
     """The entries columns read from run.json (all NULL without one)."""
     if not run:
         return {}
-    backend = run.get("backend")
-    resolved = _dict(_dict(run, "server_log"), "resolved")
-    timing = _dict(run, "timing")
+    resolved = run.resolved
     return {
-        "run_name": run.get("name"), "target": run.get("target"), "created_utc": run.get("created_utc"),
-        "model": run.get("model"),
-        "backend_requested": backend.get("requested") if isinstance(backend, dict) else None,
+        "run_name": run.name, "target": run.target, "created_utc": run.created_utc, "model": run.model,
+        "backend_requested": run.backend_requested,
         "backend_resolved": (resolved["moe_runner_backend"] if "moe_runner_backend" in resolved
-                             else backend.get("sglang") if isinstance(backend, dict) else None),
-        "backend_json": _json(backend), "server_resolved": _json(resolved or None),
-        "tp": run.get("tp"), "batch": _dict(run, "requests").get("batch"),
-        "server_args": _json(_dict(run, "server").get("args")),
-        "ms_per_token_unprofiled": _number(timing.get("ms_per_token_unprofiled")),
-        "ms_per_token_profiled": _number(timing.get("ms_per_token_profiled")),
+                             else run.backend_sglang),
+        "backend_json": _json(run.recorded("backend")), "server_resolved": _json(resolved or None),
+        "tp": run.tp, "batch": run.batch, "server_args": _json(run.recorded("server.args")),
+        "ms_per_token_unprofiled": run.ms_per_token_unprofiled, "ms_per_token_profiled": run.ms_per_token_profiled,
     }
 
 
-def gpu_rows(entry_id: int, run: dict) -> list:
-    gpus = run.get("gpus") if isinstance(run.get("gpus"), list) else []
+def gpu_rows(entry_id: int, run: RunRecord) -> list:
     rows = []
-    for position, g in enumerate(x for x in gpus if isinstance(x, dict)):
+    for position, g in enumerate(run.gpus):
         row = {"entry_id": entry_id, "position": position, "gpu_index": g.get("index")}
         row.update({c: g.get(c) for c in GPU_COLUMNS})
         rows.append(row)

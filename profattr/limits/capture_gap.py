@@ -62,8 +62,8 @@ def _gap_model(capture: Path, model: Optional[str], quant, tp, context_len, run_
     if run is None:
         raise ProfattrError(f"no model for {capture.name}: {path.name} not found; pass --model (a preset or "
                             "config.json) or --run-json")
-    record = run.get("workload")
-    if not isinstance(record, dict):
+    record = run.workload
+    if not run.has("workload"):
         if quant:
             from profattr.limits.model import quant_schemes
 

@@ -15,28 +15,29 @@ from typing import Any, Dict, Optional, Tuple
 from profattr.errors import ProfattrError
 from profattr.limits.gap import precision_suffix, row_of
 from profattr.limits.model import ModelSpec, load_toml
+from profattr.run_record import RunRecord, or_empty
 
 ASSUMPTION = ("a weights-streaming GEMM at decode reads each weight once per step: its category's floor bytes are "
               "the weights of that category one rank reads per step (routed experts: the experts one token "
               "activates)")
 
 
-def spec_for_run(run: Optional[dict]) -> Tuple[Optional[ModelSpec], str]:
+def spec_for_run(run: Optional[RunRecord]) -> Tuple[Optional[ModelSpec], str]:
     """(ModelSpec of the model a run.json recorded, or None; how it was made or why not): the built-in workload's
     record, else the served model's config.json (limits/served.py)."""
-    record = (run or {}).get("workload")
-    if isinstance(record, dict):
+    run = or_empty(run)
+    if run.has("workload"):
         from profattr.limits.workload import spec_from_workload
 
         try:
-            spec = spec_from_workload(record, source="run.json workload")
+            spec = spec_from_workload(run.workload, source="run.json workload")
         except ProfattrError as exc:
             return None, exc.format_message()
         return spec, f"the built-in workload's recorded sizes, tp {spec.tp}"
     from profattr.limits.served import spec_from_run
 
     try:
-        spec = spec_from_run(run or {}, source="run.json", tp=None, context_len=None, kv_dtype=None, dsa_runs=True)
+        spec = spec_from_run(run, source="run.json", tp=None, context_len=None, kv_dtype=None, dsa_runs=True)
     except ProfattrError as exc:
         return None, exc.format_message()
     return spec, f"{spec.name} from run.json model_config, {spec.quant}, tp {spec.tp}"

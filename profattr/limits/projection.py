@@ -23,7 +23,7 @@ def _specs(capture: Path, run_json: Optional[Path], tp: Optional[int], layers: O
         raise ProfattrError(f"no model for {capture.name}: {path.name} not found; pass --run-json with the run.json "
                             "that records the model's config.json (model_config)")
     run = load_run_json(path)
-    if not isinstance(run.get("model_config"), dict) or not run["model_config"]:
+    if not run.model_config:
         raise ProfattrError(f"{path.name} records no model_config (the model's config.json), which a projection "
                             "needs; pass --run-json with a run.json that has it (profattr capture records it)")
     source = spec_from_run(run, source=path.name, tp=None, context_len=None, kv_dtype=None, dsa_runs=True)
@@ -49,7 +49,7 @@ def _dummy_routing(capture: Path, run_json: Optional[Path], source) -> Optional[
     from profattr.trace.reader import run_json_path
 
     path = Path(run_json) if run_json else run_json_path(capture)
-    args = ((load_run_json(path).get("server_log") or {}).get("server_args") or {}) if path.exists() else {}
+    args = load_run_json(path).logged_server_args if path.exists() else {}
     top_k = (source.config or {}).get("num_experts_per_tok")
     return int(top_k) if args.get("load_format") == "dummy" and top_k else None
 

@@ -13,7 +13,7 @@ from typing import List, Mapping, Optional, Tuple, Any
 from profattr.errors import ProfattrError
 from profattr.limits.model import ModelSpec, quant_schemes, spec_from_config, validate_config
 from profattr.limits.quantization import Quantization, parse, scheme_name
-from profattr.run_record import server_flag
+from profattr.run_record import RunRecord
 
 _KV_DTYPES = {"auto": None, "bf16": "bf16", "bfloat16": "bf16", "fp16": "bf16", "float16": "bf16",
               "fp8_e4m3": "fp8", "fp8_e5m2": "fp8", "fp8": "fp8"}
@@ -32,15 +32,15 @@ def quant_of_config(config: Mapping[str, Any]) -> Tuple[str, str, Optional[Quant
                         f"({', '.join(quant_schemes())})")
 
 
-def _server_arg(run: Mapping[str, Any], key: str) -> Optional[str]:
+def _server_arg(run: RunRecord, key: str) -> Optional[str]:
     """A server argument as SGLang logged it (server_args), else as given on its command line (`--key-with-dashes`)."""
-    args = ((run.get("server_log") or {}).get("server_args") or {})
+    args = run.logged_server_args
     if args.get(key) is not None:
         return str(args[key])
-    return server_flag(run, "--" + key.replace("_", "-"))
+    return run.server_flag("--" + key.replace("_", "-"))
 
 
-def kv_dtype_of(run: Mapping[str, Any], weights: str, recorded: Optional[str] = None) -> Tuple[str, str]:
+def kv_dtype_of(run: RunRecord, weights: str, recorded: Optional[str] = None) -> Tuple[str, str]:
     """(KV cache dtype, why) of a served run: --kv-cache-dtype; `auto` means the KV cache dtype the checkpoint's
     quantization_config records (`recorded`), else the model's activation dtype."""
     value = _server_arg(run, "kv_cache_dtype") or "auto"
@@ -52,24 +52,23 @@ def kv_dtype_of(run: Mapping[str, Any], weights: str, recorded: Optional[str] = 
     return _KV_DTYPES[value] or "bf16", f"--kv-cache-dtype {value}"
 
 
-def spec_from_run(run: Mapping[str, Any], *, source: str, tp: Optional[int], context_len: Optional[int],
+def spec_from_run(run: RunRecord, *, source: str, tp: Optional[int], context_len: Optional[int],
                   kv_dtype: Optional[str], dsa_runs: bool, quant: Optional[str] = None) -> ModelSpec:
     """ModelSpec of the model a served capture ran, from its run.json alone; `quant` (a scheme of quant.toml)
     overrides the quantization its config.json records."""
-    config = run.get("model_config")
-    if not isinstance(config, dict) or not config:
-        served = f" (it served {run['model']})" if run.get("model") else ""
+    config = run.model_config
+    if not config:
+        served = f" (it served {run.model})" if run.model else ""
         raise ProfattrError(f"{source}: records neither a `workload` nor the model's config.json{served}; pass "
                             "--model (a preset or config.json) and --quant")
     validate_config(config, f"{source} model_config")  # an impossible architecture: one error naming the field
-    recorded_tp = run.get("tp") if isinstance(run.get("tp"), int) and run["tp"] > 0 else None
+    recorded_tp = run.tp
     if tp and recorded_tp and tp != recorded_tp:
         raise ProfattrError(f"--tp {tp} disagrees with the tp {recorded_tp} {source} recorded")
-    requests = run.get("requests") or {}
-    batch = requests.get("batch") if isinstance(requests.get("batch"), int) and requests["batch"] > 0 else 1
+    batch = run.batch or 1  # not recorded: the model of one sequence
     if context_len is None:
-        if isinstance(requests.get("input_len"), int) and isinstance(requests.get("max_new_tokens"), int):
-            context_len = requests["input_len"] + requests["max_new_tokens"] // 2
+        if run.input_len is not None and run.max_new_tokens is not None:
+            context_len = run.input_len + run.max_new_tokens // 2
         else:
             raise ProfattrError(f"{source}: no request shape (requests.input_len, max_new_tokens); pass --context")
     override = quant
@@ -89,7 +88,7 @@ def spec_from_run(run: Mapping[str, Any], *, source: str, tp: Optional[int], con
     try:
         spec = spec_from_config(config, quant=quant, tp=tp or recorded_tp or 1, context_len=context_len,
                                 dsa_runs=dsa_runs, kv_dtype=kv_dtype, batch=batch,
-                                model_id=str(config.get("_name_or_path") or run.get("model") or ""),
+                                model_id=str(config.get("_name_or_path") or run.model or ""),
                                 name=str(config.get("model_type")), source=f"{source} model_config",
                                 quantization=quantization)
     except ProfattrError as exc:

@@ -16,6 +16,7 @@ from typing import Any, Dict, List, Optional
 
 from profattr.errors import ProfattrError
 from profattr.limits.model import ModelSpec, WeightGroup, load_toml, weight_category
+from profattr.run_record import RunRecord
 
 _DTYPE_NAMES = {2: "bf16", 1: "fp8", 4: "fp32"}
 _CONFIG_KEYS = {"hidden": ("hidden_size", "hidden"), "layers": ("num_layers", "num_hidden_layers"),
@@ -24,23 +25,22 @@ _ACTIVE_SUFFIX, _TOTAL_SUFFIX = "_active_per_token", "_total"
 DEFAULT_ENGINE = "moe_decode"
 
 
-def served_defaults(run: Dict[str, Any]) -> Dict[str, Any]:
+def served_defaults(run: RunRecord) -> Dict[str, Any]:
     """tp and context length a served-model capture recorded (SGLang target), for `--model` runs.
 
     The context is the prompt plus half the generated tokens: the mean KV length over the decoded tokens."""
     out: Dict[str, Any] = {}
-    if isinstance(run.get("tp"), int) and run["tp"] > 0:
-        out["tp"] = run["tp"]
-    requests = run.get("requests") or {}
-    if isinstance(requests.get("input_len"), int) and isinstance(requests.get("max_new_tokens"), int):
-        out["context_len"] = requests["input_len"] + requests["max_new_tokens"] // 2
-    if isinstance(requests.get("batch"), int) and requests["batch"] > 0:
-        out["batch"] = requests["batch"]
+    if run.tp is not None:
+        out["tp"] = run.tp
+    if run.input_len is not None and run.max_new_tokens is not None:
+        out["context_len"] = run.input_len + run.max_new_tokens // 2
+    if run.batch is not None:
+        out["batch"] = run.batch
     return out
 
 
-def load_run_json(path: Path) -> Dict[str, Any]:
-    """Parsed run.json (a JSON object)."""
+def load_run_json(path: Path) -> RunRecord:
+    """The RunRecord of the run.json at `path` (validated)."""
     from profattr import inputs
 
     if not os.path.lexists(path):

@@ -4,8 +4,8 @@ numbers (no fixed sentence that the numbers could contradict: every claim below 
 `rank_bottlenecks(captures, diffs)` takes plain structures:
 - captures: dicts with `label`, `budget` (`profattr.budget/1`), `launches` (list from `report.launches`),
   `gap` (`profattr.gap/1` or None) and optionally `why_slow` ({category: sentence from an ncu drill}) and
-  `server_log` (run.json's server_log: the kernel configs SGLang fell back to its defaults for) and `timing`
-  (run.json's timing: profiled vs unprofiled time per token);
+  `run` (the capture's RunRecord or None: the kernel configs SGLang fell back to its defaults for, profiled vs
+  unprofiled time per token);
 - diffs: dicts with `a` and `b` (labels) and `diff` (`profattr.diff/1`); only those whose verdict is a regression
   or improvement rank (a diff over fewer than 3 windows per side, or between confounded runs, establishes no
   difference: the captures' own budgets rank instead).
@@ -23,6 +23,7 @@ from typing import Sequence
 from profattr.attribute.graph_launch import describe as describe_tracing
 from profattr.report.budget_view import category_share, exclusive_ms
 from profattr.report.shapes import shape_rows
+from profattr.run_record import RunRecord, or_empty
 
 try:  # Python 3.11+
     import tomllib as _toml
@@ -174,9 +175,9 @@ def config_warnings() -> tuple:
     return tuple((w["kind"], re.compile(w["kernels"]), w["tune"]) for w in data["warning"])
 
 
-def config_reason(server_log: dict | None, kernel: str) -> str | None:
+def config_reason(run: RunRecord, kernel: str) -> str | None:
     """Why a kernel may run slow by its configuration: SGLang used its default config for it (server log)."""
-    configs = [str(c) for c in (server_log or {}).get("default_kernel_configs") or []]
+    configs = [str(c) for c in run.default_kernel_configs]
     for kind, kernels, tune in config_warnings():
         shapes = [c for c in configs if c.startswith(kind + ":")]
         if shapes and kernels.search(kernel):
@@ -188,10 +189,10 @@ def config_reason(server_log: dict | None, kernel: str) -> str | None:
 OVERHEAD_CAUTION = 1.10  # profiled over unprofiled step time above which idle may be the profiler's
 
 
-def profiler_overhead(timing: dict | None) -> float | None:
+def profiler_overhead(run: RunRecord) -> float | None:
     """Profiled over unprofiled time per token when it is at least OVERHEAD_CAUTION, else None."""
-    a, b = (timing or {}).get("ms_per_token_profiled"), (timing or {}).get("ms_per_token_unprofiled")
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b > 0 and a / b >= OVERHEAD_CAUTION:
+    a, b = run.ms_per_token_profiled, run.ms_per_token_unprofiled
+    if a is not None and b is not None and b > 0 and a / b >= OVERHEAD_CAUTION:
         return a / b
     return None
 
@@ -206,7 +207,7 @@ def capture_items(cap: dict) -> list:
         s = launches.get(d["device"])
         if s is not None:
             reason = idle_reason(s)
-            overhead = profiler_overhead(cap.get("timing"))
+            overhead = profiler_overhead(or_empty(cap.get("run")))
             if reason and overhead:
                 reason += (f"; caution: this capture's steps ran {overhead:.2f}x their unprofiled time (run.json "
                            "timing), so part of this idle may be the profiler's own")
@@ -225,7 +226,7 @@ def capture_items(cap: dict) -> list:
                 reason = category_reason(d, c["category"], gap_devices.get(d["device"]))
             why = (cap.get("why_slow") or {}).get(c["category"])  # the verdict of an ncu drill of its kernels
             top = next((k for k in d["kernels"] if k["category"] == c["category"]), None)
-            tuned = config_reason(cap.get("server_log"), top["name"]) if top else None
+            tuned = config_reason(or_empty(cap.get("run")), top["name"]) if top else None
             if tuned and not (why and "SGLang's log" in why):  # the drill's verdict already cites the log
                 reason += f"; {tuned}"
             if why:

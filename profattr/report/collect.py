@@ -18,6 +18,7 @@ from profattr.report.bottlenecks import rank_bottlenecks
 from profattr.report.budget_view import exclusive_ms
 from profattr.report.launches import launch_stats
 from profattr.report.timeline import capture_views
+from profattr.run_record import RunRecord, or_empty
 from profattr.taxonomy.classify import load_rules
 from profattr.trace.cache import build_stores
 
@@ -31,7 +32,7 @@ class CaptureReport:
     path: str  # as the user gave it
     budget: dict  # profattr.budget/1
     launches: list  # report.launches.launch_stats
-    run: Optional[dict] = None
+    run: Optional[RunRecord] = None
     run_path: Optional[str] = None
     run_note: Optional[str] = None
     checks: Optional[list] = None  # finding dicts: check, status, message
@@ -46,8 +47,7 @@ class CaptureReport:
     def as_input(self) -> dict:
         """The plain structure bottlenecks.py and charts.py take."""
         return {"label": self.label, "budget": self.budget, "launches": self.launches, "gap": self.gap,
-                "why_slow": self.why_slow, "server_log": (self.run or {}).get("server_log"),
-                "timing": (self.run or {}).get("timing")}
+                "why_slow": self.why_slow, "run": self.run}
 
 
 @dataclass
@@ -83,9 +83,9 @@ def default_labels(names: Sequence[str]) -> list:
     return labels if len(set(labels)) == len(labels) and all(labels) else list(names)
 
 
-def capture_name(path: Path, run: Optional[dict]) -> str:
-    if run and isinstance(run.get("name"), str) and run["name"]:
-        return run["name"]
+def capture_name(path: Path, run: Optional[RunRecord]) -> str:
+    if run and run.name:
+        return run.name
     name = path.name
     for suffix in (".sqlite", ".nsys-rep", ".qdrep"):
         if name.endswith(suffix):
@@ -103,7 +103,7 @@ def group_name(cap: "CaptureReport") -> str:
 
 
 def read_run(path: Path):
-    """(run dict or None, run.json path shown, note)."""
+    """(RunRecord or None, run.json path shown, note)."""
     from profattr import run_record
     from profattr.trace.reader import run_json_path
 
@@ -114,17 +114,16 @@ def read_run(path: Path):
     return run, str(run_path), None
 
 
-def lint_findings(path: Path, run: Optional[dict], source, budget, defaults: bool = True):
+def lint_findings(path: Path, run: Optional[RunRecord], source, budget, defaults: bool = True):
     """(finding dicts or None, source, note): source `run.json` when the capture recorded `profattr check`'s
     findings and the report's budget is what they were computed on (`defaults`: the default steps, rules and no
     skipped steps, as `profattr capture` checks), `now` when they were computed here (from `source`, the capture's
     open reader, and `budget`, the report's budget of it: the checks count the report's steps and rules; note: why
     not the recorded ones), `none` (with the reason in note) when neither worked."""
-    recorded = (run or {}).get("check")
-    has_recorded = isinstance(recorded, dict) and isinstance(recorded.get("findings"), list)
-    if defaults and has_recorded:
-        return [f for f in recorded["findings"] if isinstance(f, dict)], "run.json", None
-    why = ("run.json's were made on the default steps and rules" if has_recorded else "run.json records none")
+    recorded = or_empty(run).check_findings
+    if defaults and recorded is not None:
+        return recorded, "run.json", None
+    why = ("run.json's were made on the default steps and rules" if recorded is not None else "run.json records none")
     try:
         from profattr.check.run import evaluate_budget, fresh_server_log, located
 
@@ -134,13 +133,13 @@ def lint_findings(path: Path, run: Optional[dict], source, budget, defaults: boo
     return [f.to_dict() for f in findings], "now", why
 
 
-def capture_gap(budget: dict, run: Optional[dict], run_path: Optional[str], hardware: Optional[str]):
+def capture_gap(budget: dict, run: Optional[RunRecord], run_path: Optional[str], hardware: Optional[str]):
     """(gap dict or None, note) for a capture whose run.json records the built-in workload's spec or the served
     model's config.json (limits/served.py); its GPUs are those the budget read (the export's TARGET_INFO_GPU, a
     torch trace's deviceProperties)."""
-    record = (run or {}).get("workload")
-    served = isinstance((run or {}).get("model_config"), dict) and bool(run["model_config"])
-    if not isinstance(record, dict) and not served:
+    workload = or_empty(run).has("workload")
+    served = bool(or_empty(run).model_config)
+    if not workload and not served:
         why = ("no run.json" if run is None else
                "run.json records neither the built-in workload nor the served model's config.json")
         return None, f"skipped: {why}"
@@ -151,7 +150,7 @@ def capture_gap(budget: dict, run: Optional[dict], run_path: Optional[str], hard
 
     gpus = budget_gpus(budget)
     names = [str(g.get("name") or "") for g in gpus.values()] or [
-        str(d.get("name") or "") for d in (run or {}).get("gpus") or [] if isinstance(d, dict)]
+        str(d.get("name") or "") for d in or_empty(run).gpus]
     hw_id = hardware
     if hw_id is None:
         matched = {match_hardware(n) for n in names}
@@ -161,8 +160,8 @@ def capture_gap(budget: dict, run: Optional[dict], run_path: Optional[str], hard
     source = Path(run_path).name if run_path else "run.json"
     try:
         hw = load_hardware(hw_id)
-        if isinstance(record, dict):
-            spec = spec_from_workload(record, source=source)
+        if workload:
+            spec = spec_from_workload(run.workload, source=source)
         else:
             spec = spec_from_run(run, source=source, tp=None, context_len=None, kv_dtype=None, dsa_runs=hw.dsa_runs)
         gap = compute_gap(budget, spec, hw, capture_gpus=gpus)
@@ -341,11 +340,8 @@ def _add_graph_tracing(launches: list, source, twin: Optional[str]) -> None:
 
 def batch_of(cap: CaptureReport) -> Optional[int]:
     """Sequences decoded per step, as run.json recorded the requests (or the built-in workload its batch)."""
-    for value in (((cap.run or {}).get("requests") or {}).get("batch"), ((cap.run or {}).get("workload") or {})
-                  .get("batch") if isinstance((cap.run or {}).get("workload"), dict) else None):
-        if isinstance(value, int) and value > 0:
-            return value
-    return None
+    run = or_empty(cap.run)
+    return run.batch or run.workload_batch
 
 
 def baseline_of(earlier: Sequence[CaptureReport], cap: CaptureReport) -> Optional[CaptureReport]:
@@ -368,10 +364,8 @@ def batch_sweep(captures: Sequence[CaptureReport]) -> list:
         for d in cap.budget["devices"]:
             step = float(d.get("mean_step_ms") or 0.0)
             rows.append({"label": cap.label, "device": d["device"], "batch": batch,
-                         "backend": ((cap.run or {}).get("backend") or {}).get("sglang")
-                         or ((cap.run or {}).get("backend") or {}).get("requested"),
-                         "fp8_gemm_backend": (((cap.run or {}).get("server_log") or {}).get("resolved")
-                                              or {}).get("fp8_gemm_runner_backend"),
+                         "backend": or_empty(cap.run).backend_sglang or or_empty(cap.run).backend_requested,
+                         "fp8_gemm_backend": or_empty(cap.run).resolved.get("fp8_gemm_runner_backend"),
                          "median_step_ms": d.get("step_ms"), "mean_step_ms": step,
                          "ms_per_token": step / batch if batch and step else None,
                          "tokens_per_s": 1e3 * batch / step if batch and step else None,
@@ -380,15 +374,15 @@ def batch_sweep(captures: Sequence[CaptureReport]) -> list:
     return rows
 
 
-def unprofiled_ms(run: Optional[dict]) -> Optional[float]:
+def unprofiled_ms(run: Optional[RunRecord]) -> Optional[float]:
     """ms per token measured without the profiler (run.json `timing`), or None."""
-    value = ((run or {}).get("timing") or {}).get("ms_per_token_unprofiled")
-    return float(value) if isinstance(value, (int, float)) else None
+    value = or_empty(run).ms_per_token_unprofiled
+    return float(value) if value is not None else None
 
 
 def _changed(a: CaptureReport, b: CaptureReport) -> Optional[str]:
     """`moe` when the two built-in workload captures ran different MoE implementations; else the diff decides."""
-    wa, wb = (a.run or {}).get("workload"), (b.run or {}).get("workload")
-    if isinstance(wa, dict) and isinstance(wb, dict) and wa.get("moe_impl") != wb.get("moe_impl"):
+    ra, rb = or_empty(a.run), or_empty(b.run)
+    if ra.has("workload") and rb.has("workload") and ra.moe_impl != rb.moe_impl:
         return "moe"
     return None

@@ -10,6 +10,7 @@ import click
 from profattr.attribute.commands import rules_option
 from profattr.errors import ProfattrError
 from profattr.outputs import check_output, emit, output_options
+from profattr.run_record import or_empty
 from profattr.text import clean_tree
 
 
@@ -20,7 +21,7 @@ def _capture_for(csv_path: Path, given):
     from profattr.report.why_slow import drill_run_of
 
     if given is None:
-        of = ((drill_run_of(csv_path) or {}).get("drill") or {}).get("of") or ""
+        of = or_empty(drill_run_of(csv_path)).drill_of or ""
         sqlite = csv_path.with_name(of[: -len(".run.json")] + ".sqlite") if of.endswith(".run.json") else None
         from profattr.inputs import is_regular_file
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from profattr.text import md_escape, md_name
 from profattr.report.md_table import _pct, _table, code_block
+from profattr.run_record import or_empty
 
 STATUS_MARK = {"pass": "pass", "warn": "**warn**", "fail": "**FAIL**", "skip": "skip"}
 PACKAGES = ("torch", "sglang", "sglang_kernel", "flashinfer", "triton", "nvtx", "profattr")
@@ -55,15 +56,20 @@ def evidence_lines(data) -> list:
     return [" ".join(out)]
 
 
+def _shown(value):
+    """A run.json value for the header, `?` when it is not recorded."""
+    return "?" if value is None else value
+
+
 def _gpu_list(cap) -> list:
-    run = cap.run or {}
-    if isinstance(run.get("gpus"), list) and run["gpus"]:
-        return [g for g in run["gpus"] if isinstance(g, dict)]
+    gpus = or_empty(cap.run).gpus
+    if gpus:
+        return gpus
     return [g for g in cap.budget["capture"].get("gpus") or [] if isinstance(g, dict)]
 
 
 def capture_header(cap) -> list:
-    run = cap.run or {}
+    run = or_empty(cap.run)
     budget = cap.budget
     out = [f"### {md_name(cap.label)}", ""]
     lines = [f"capture: {md_name(cap.path)}"]
@@ -71,48 +77,44 @@ def capture_header(cap) -> list:
         lines.append(f"run metadata: {md_name(cap.run_path)}")
     if cap.run_note:
         lines.append(md_escape(cap.run_note))
-    if run.get("created_utc"):
-        lines.append(f"captured: {md_escape(run['created_utc'])} (target {md_escape(run.get('target', '?'))})")
-    backend = run.get("backend")
-    if isinstance(backend, dict) and backend:
+    if run.created_utc:
+        lines.append(f"captured: {md_escape(run.created_utc)} (target {md_escape(_shown(run.target))})")
+    if run.backend:
         lines.append("MoE runner backend: " + ", ".join(f"{md_escape(k)} {md_escape(v)}"
-                                                        for k, v in backend.items()))
-    workload = run.get("workload") if isinstance(run.get("workload"), dict) else None
+                                                        for k, v in run.backend.items()))
+    workload = run.workload
     if workload:
         lines.append(f"built-in workload: {md_escape(workload.get('moe_impl', '?'))} MoE "
                      f"({md_escape(workload.get('moe_kernel', '?'))}), {md_escape(workload.get('mode', '?'))} mode, "
                      f"batch {md_escape(workload.get('batch', '?'))}, tp {md_escape(workload.get('tp', '?'))}, "
                      f"{md_escape(workload.get('dtype', '?'))}")
-    if run.get("model"):
-        requests = run.get("requests") if isinstance(run.get("requests"), dict) else {}
-        lines.append(f"model: {md_name(run['model'])}, tp {md_escape(run.get('tp', '?'))}, batch "
-                     f"{md_escape(requests.get('batch', '?'))}, {md_escape(requests.get('input_len', '?'))} input "
-                     f"tokens, {md_escape(requests.get('max_new_tokens', '?'))} new tokens")
+    if run.model:
+        lines.append(f"model: {md_name(run.model)}, tp {md_escape(_shown(run.tp))}, batch "
+                     f"{md_escape(_shown(run.batch))}, {md_escape(_shown(run.input_len))} input "
+                     f"tokens, {md_escape(_shown(run.max_new_tokens))} new tokens")
     gpus = _gpu_list(cap)
     if gpus:
         names = ", ".join(f"{md_escape(g.get('index', g.get('id', '?')))}: {md_escape(g.get('name', '?'))}"
                           for g in gpus)
-        driver = run.get("driver_version") or next((g.get("driver_version") for g in gpus
-                                                    if g.get("driver_version")), None)
-        where = "GPUs of the host" if run.get("gpus") else "GPUs in the export"
+        driver = run.driver_version or next((g.get("driver_version") for g in gpus
+                                             if g.get("driver_version")), None)
+        where = "GPUs of the host" if run.gpus else "GPUs in the export"
         lines.append(f"{where}: {names}" + (f"; driver {md_escape(driver)}" if driver else ""))
-    nsys = (run.get("nsys") or {}).get("version") if isinstance(run.get("nsys"), dict) else None
-    lines.append(f"Nsight Systems: {md_escape(nsys or '?')} (capture), export "
+    lines.append(f"Nsight Systems: {md_escape(run.nsys_version or '?')} (capture), export "
                  f"{md_escape(budget['capture'].get('nsys_version') or '?')}")
-    packages = run.get("packages") if isinstance(run.get("packages"), dict) else {}
+    packages = run.packages
     if packages:
         shown = [(k, packages[k]) for k in PACKAGES if packages.get(k)]
         shown += [(k, v) for k, v in sorted(packages.items()) if k not in PACKAGES and v]
         lines.append("packages: " + ", ".join(f"{md_escape(k)} {md_escape(v)}" for k, v in shown))
-    host = run.get("host") if isinstance(run.get("host"), dict) else {}
+    host = run.host
     if host.get("python"):
         lines.append(f"python {md_escape(host['python'])} on {md_escape(host.get('platform', '?'))}")
-    timing = run.get("timing") if isinstance(run.get("timing"), dict) else {}
-    unprofiled = timing.get("ms_per_token_unprofiled")
-    if isinstance(unprofiled, (int, float)):
+    unprofiled = run.ms_per_token_unprofiled
+    if unprofiled is not None:
         text = f"decode without the profiler: {unprofiled:.3f} ms/token"
-        profiled = timing.get("ms_per_token_profiled")
-        if isinstance(profiled, (int, float)) and unprofiled:
+        profiled = run.ms_per_token_profiled
+        if profiled is not None and unprofiled:
             text += f"; under nsys {profiled:.3f} ms/token ({profiled / unprofiled:.2f}x)"
         lines.append(text)
     steps = budget["steps"]
@@ -120,7 +122,7 @@ def capture_header(cap) -> list:
     if budget.get("nvtx_context"):
         lines.append(f"NVTX context of replayed kernels: {md_escape(budget['nvtx_context'])}")
     out += [f"- {line}" for line in lines]
-    commands = run.get("commands") if isinstance(run.get("commands"), dict) else {}
+    commands = run.commands
     shell = commands.get("profile_shell") or (" ".join(map(str, commands["profile"]))
                                               if isinstance(commands.get("profile"), list) else None)
     if shell:

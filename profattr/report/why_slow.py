@@ -14,6 +14,7 @@ from typing import Optional, Sequence
 from profattr.attribute.kernel_bounds import THRESHOLDS, analyse_drill, shape_key
 from profattr.errors import ProfattrError
 from profattr.limits import kernel_floor
+from profattr.run_record import RunRecord, or_empty
 from profattr.text import md_escape, md_name
 from profattr.text import clean_tree
 from profattr.taxonomy.classify import load_rules
@@ -72,7 +73,7 @@ def kernel_labels(ncu, budget: Optional[dict], rules: Sequence = ()) -> tuple:
     return categories, families, in_capture, how, by_shape
 
 
-def analyse_csv(path, budget: Optional[dict] = None, capture_run: Optional[dict] = None, rules: Sequence = ()):
+def analyse_csv(path, budget: Optional[dict] = None, capture_run: Optional[RunRecord] = None, rules: Sequence = ()):
     """`kernel_bounds.DrillAnalysis` of one NAME.ncu.csv. `budget`: the capture it belongs to (profattr.budget/1),
     for categories and measured ms per step; `capture_run`: that capture's run.json, for the model when the drill's
     own run.json records none."""
@@ -95,7 +96,8 @@ def analyse_csv(path, budget: Optional[dict] = None, capture_run: Optional[dict]
     return analyse_drill(ncu, categories, families, floors, measured, assumptions, in_capture, in_capture_shapes)
 
 
-def drill_run_of(csv_path: Path) -> Optional[dict]:
+def drill_run_of(csv_path: Path) -> Optional[RunRecord]:
+    """The RunRecord of the drill's run.json beside the CSV, or None."""
     return load_drill_run(csv_path)[0]
 
 
@@ -106,8 +108,7 @@ def discover(capture_path: Path, name: str) -> list:
     for csv_path in sorted(folder.glob("*.ncu.csv")):
         if csv_path in found:
             continue
-        drill = (drill_run_of(csv_path) or {}).get("drill") or {}
-        if drill.get("of") == f"{name}.run.json":
+        if or_empty(drill_run_of(csv_path)).drill_of == f"{name}.run.json":
             found.append(csv_path)
     return found
 
@@ -115,16 +116,16 @@ def discover(capture_path: Path, name: str) -> list:
 def _attach(csv_path: Path, captures: list) -> tuple:
     """(capture, how) a --drill CSV belongs to: the capture its run.json names, else the one capture of the report,
     else the capture with the same SGLang MoE backend and model."""
-    run = drill_run_of(csv_path) or {}
-    of = (run.get("drill") or {}).get("of")
+    run = or_empty(drill_run_of(csv_path))
+    of = run.drill_of
     for cap in captures:
         if of and of in (f"{_name(cap)}.run.json", Path(cap.run_path or "").name):
             return cap, f"drill of {of}"
     if len(captures) == 1:
         return captures[0], (f"drill of {of}, the report's one capture" if of else "the report's one capture")
-    backend = (run.get("backend") or {}).get("sglang")
-    same = [c for c in captures if backend and ((c.run or {}).get("backend") or {}).get("sglang") == backend
-            and (c.run or {}).get("model") == run.get("model")]
+    backend = run.backend_sglang
+    same = [c for c in captures if backend and or_empty(c.run).backend_sglang == backend
+            and or_empty(c.run).model == run.model]
     if len(same) == 1:
         return same[0], f"drill of {of or '?'}, attached by its model and MoE backend ({backend})"
     raise ProfattrError(f"--drill {csv_path}: cannot tell which capture it belongs to (its run.json names "
@@ -133,9 +134,8 @@ def _attach(csv_path: Path, captures: list) -> tuple:
 
 def _name(cap) -> str:
     """The capture's name, as collect.capture_name gives it."""
-    run = cap.run or {}
-    if isinstance(run.get("name"), str) and run["name"]:
-        return run["name"]
+    if cap.run and cap.run.name:
+        return cap.run.name
     name = Path(cap.path).name
     for suffix in (".sqlite", ".nsys-rep"):
         if name.endswith(suffix):

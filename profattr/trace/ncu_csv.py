@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Optional
 
 from profattr.errors import ProfattrError, warn
+from profattr.run_record import RunRecord, or_empty
 
 SCHEMA_SECTIONS = ("SpeedOfLight", "MemoryWorkloadAnalysis", "LaunchStats", "Occupancy")
 TESTED_VERSION = "2025.3.1"
@@ -122,7 +123,7 @@ class NcuCsv:
     path: Path
     kernels: tuple
     ncu_version: Optional[str]
-    run: Optional[dict]
+    run: Optional[RunRecord]
     run_path: Optional[Path]
     skipped: tuple = ()  # (reason, rows) of the kernel rows left out
     missing_sections: tuple = ()  # optional sections the report was collected without
@@ -143,7 +144,7 @@ class DamagedRow(ValueError):
 class NoKernelsError(ProfattrError):
     """The CSV is well formed but holds no kernel row (the kernel regex matched no launch)."""
 
-    def __init__(self, message: str, regex: Optional[str], run: Optional[dict]):
+    def __init__(self, message: str, regex: Optional[str], run: Optional[RunRecord]):
         super().__init__(message)
         self.regex = regex
         self.run = run
@@ -169,7 +170,7 @@ def run_json_for(csv_path: Path) -> Path:
 
 
 def load_drill_run(csv_path: Path) -> tuple:
-    """(run dict or None, its path or None): the drill's run.json beside the CSV, if readable."""
+    """(RunRecord or None, its path or None): the drill's run.json beside the CSV, if readable."""
     from profattr import run_record
 
     path = run_json_for(csv_path)
@@ -177,8 +178,8 @@ def load_drill_run(csv_path: Path) -> tuple:
     return (run, path) if run is not None else (None, None)
 
 
-def _version_text(run: Optional[dict]) -> str:
-    version = ((run or {}).get("ncu") or {}).get("version") if isinstance((run or {}).get("ncu"), dict) else None
+def _version_text(run: Optional[RunRecord]) -> str:
+    version = run.ncu_version if run is not None else None
     return f"ncu {version} (run.json)" if version else "the ncu version is not recorded (no run.json beside it)"
 
 
@@ -252,7 +253,7 @@ def _rows(path: Path) -> list:
                             "`ncu --csv`") from None
 
 
-def read_ncu_csv(path, run: Optional[dict] = None) -> NcuCsv:
+def read_ncu_csv(path, run: Optional[RunRecord] = None) -> NcuCsv:
     """The launches in an ncu raw CSV. `run`: the drill's run.json (default: NAME.run.json beside the CSV)."""
     path = Path(path)
     run_path = None
@@ -291,8 +292,9 @@ def read_ncu_csv(path, run: Optional[dict] = None) -> NcuCsv:
         factors[field_name] = factor
     data = rows[2:]
     if not data:
-        regex = ((run or {}).get("drill") or {}).get("kernel_regex")
-        names = [n for f in ((run or {}).get("drill") or {}).get("families") or [] for n in f.get("names") or []]
+        drilled = or_empty(run)
+        regex = drilled.drill_kernel_regex
+        names = [n for f in drilled.drill_families for n in f.get("names") or []]
         text = (f"{path}: no kernel was profiled (the CSV has its header and units but no kernel row): the kernel "
                 f"regex {regex!r} matched no launch inside the window" if regex else
                 f"{path}: no kernel was profiled (the CSV has its header and units but no kernel row): the kernel "
@@ -326,7 +328,7 @@ def read_ncu_csv(path, run: Optional[dict] = None) -> NcuCsv:
         warn(f"{path}: collected without the {', '.join(missing)} section{'s' if len(missing) > 1 else ''}: "
              "occupancy is not reported (the verdicts need none of it); add `--section Occupancy` to the ncu "
              "command for it")
-    version = ((run or {}).get("ncu") or {}).get("version") if isinstance((run or {}).get("ncu"), dict) else None
+    version = run.ncu_version if run is not None else None
     return NcuCsv(path=path, kernels=tuple(kernels), ncu_version=version, run=run, run_path=run_path,
                   skipped=tuple(skipped.items()), missing_sections=missing)
 

@@ -1,21 +1,10 @@
-"""NAME.run.json (`profattr.run/1`, written by `profattr capture` and `profattr drill`): the one reader every command
-goes through, which checks what it reads against the format before anyone uses it.
-
-`load(path)` parses the file and validates every field profattr reads: its JSON type (a batch size written as the
-string "4" is an error, not a default of 1), its range (a batch, a tp, a count of rounds: positive or non-negative
-integers; a time: a non-negative number) and, for objects, their members in turn. A field that is absent or null
-is allowed (older captures lack some), and fields profattr does not read are not looked at. `beside(capture)` is
-the run.json next to a capture: None when there is none, and an error when there is one that cannot be trusted.
-The model's config.json that run.json keeps (`model_config`) is an object here; its architecture fields are
-validated where a model is built from it (limits/model.py).
-"""
+"""The run.json format as profattr reads it: each field's kind (`FIELDS`) and `validate`, which checks a parsed file
+against them (a wrong kind or range is one ProfattrError naming the file and the field)."""
 from __future__ import annotations
 
 import json
 import math
-import os
-from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from profattr.errors import ProfattrError
 
@@ -62,7 +51,8 @@ _KIND_TEXT = {"str": "text", "bool": "true or false", "list": "a JSON array", "d
               "int>=0": "an integer, 0 or more", "int>0": "a positive integer"}
 
 
-def _fits(value: Any, kind: str) -> bool:
+def fits(value: Any, kind: str) -> bool:
+    """Whether `value` is of `kind` (a FIELDS kind)."""
     if kind == "str":
         return isinstance(value, str)
     if kind == "bool":
@@ -78,6 +68,17 @@ def _fits(value: Any, kind: str) -> bool:
     if not isinstance(value, int):
         return False
     return kind == "int" or (value >= 0 if kind == "int>=0" else value > 0)
+
+
+def value_at(run: Any, field: str) -> Any:
+    """The value of a dotted `field` (`server_log.resolved`) in a parsed run.json; None when it or a parent is
+    absent, null or not an object (a wrong parent was reported by `validate` first)."""
+    value = run
+    for part in field.split("."):
+        if not isinstance(value, dict):
+            return None
+        value = value.get(part)
+    return value
 
 
 def _shown(value: Any) -> str:
@@ -96,65 +97,8 @@ def validate(run: Any, path) -> dict:
     if schema is not None and not (isinstance(schema, str) and schema.startswith(SCHEMA_PREFIX)):
         raise ProfattrError(f"{path}: not a profattr run file (schema {_shown(schema)}, profattr.run/1 expected)")
     for field, kind in FIELDS.items():
-        parent, value = run, None
-        for part in field.split("."):
-            if not isinstance(parent, dict):  # an absent or null parent (a wrong one was reported first)
-                value = None
-                break
-            value = parent.get(part)
-            parent = value
-        if value is not None and not _fits(value, kind):
+        value = value_at(run, field)
+        if value is not None and not fits(value, kind):
             raise ProfattrError(f"{path}: field {field} is {_shown(value)}, expected {_KIND_TEXT[kind]}; correct it "
                                 "in the run.json (or capture again) so that it says what the capture ran")
     return run
-
-
-def load(path, require_schema: bool = False) -> dict:
-    """The run.json at `path`, parsed and validated (ProfattrError when it cannot be trusted). `require_schema`: it
-    must say `schema: profattr.run/N` (for a run.json given on its own, not found beside a capture)."""
-    from profattr import inputs
-
-    path = Path(path)
-    text = inputs.read_text(path, WHAT)
-    try:
-        run = json.loads(text)
-    except (ValueError, RecursionError) as exc:
-        raise ProfattrError(f"{path}: not a readable run.json ({exc}); restore the file `profattr capture` wrote, or "
-                            "remove it") from None
-    if require_schema and not (isinstance(run, dict) and isinstance(run.get("schema"), str)):
-        raise ProfattrError(f"{path}: not a profattr run file (schema profattr.run/1 expected)")
-    return validate(run, path)
-
-
-def beside(capture) -> tuple:
-    """(run or None, its path or None): NAME.run.json beside a capture, validated; None when there is none (or it
-    is not a file there: a FIFO is never waited on), a ProfattrError when it is there but cannot be trusted."""
-    from profattr import inputs
-
-    path = inputs.run_json_path(capture)
-    if not os.path.lexists(path) or not inputs.is_regular_file(path):
-        return None, None
-    return load(path), path
-
-
-def optional(path) -> Optional[dict]:
-    """The run.json at `path` when it is there (validated), else None."""
-    from profattr import inputs
-
-    path = Path(path)
-    if not os.path.lexists(path) or not inputs.is_regular_file(path):
-        return None
-    return load(path)
-
-
-def server_flag(run: Optional[dict], flag: str) -> Optional[str]:
-    """The value of `flag` (e.g. `--kv-cache-dtype`) on the server command line run.json recorded (`server.args`:
-    `--flag V` or `--flag=V`), or None."""
-    server = run.get("server") if isinstance(run, dict) else None
-    argv = [str(a) for a in ((server or {}).get("args") or [])] if isinstance(server, dict) else []
-    for i, arg in enumerate(argv):
-        if arg == flag and i + 1 < len(argv):
-            return argv[i + 1]
-        if arg.startswith(flag + "="):
-            return arg.split("=", 1)[1]
-    return None
