@@ -223,8 +223,8 @@ def measure(cmd: list, env: dict, timeout: float) -> dict:
 # where a cold budget's time goes: (stage, [(file suffix, function name)]), read from cProfile's cumulative times;
 # stages may nest (the store build holds the fetch and the launch join), so they do not add up to the total
 STAGES = [("fetch: SQLite to int64 blocks", [("trace/fetch.py", "adbc_blocks"), ("trace/fetch.py", "sqlite3_blocks")]),
-          ("store build (holds the fetch, the launch join and the writes)", [("trace/store.py", "build")]),
-          ("launch join", [("trace/store.py", "join")]),
+          ("store build (holds the fetch, the launch join and the writes)", [("trace/store_build.py", "build")]),
+          ("launch join", [("trace/store_build.py", "join")]),
           ("writing the op store (tofile)", [("~", "<method 'tofile' of 'numpy.ndarray' objects>")]),
           ("steps", [("attribute/steps.py", "find_steps")]),
           ("windowed pass (holds the stages below)", [("attribute/windows.py", "_pass")]),

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from conftest import EXAMPLES, SGLANG_CAPTURES, SGLANG_EAGER_CAPTURES, WORKLOAD_CAPTURES
 from profattr.attribute.budget import _one_window, compute_budget
 from profattr.taxonomy.classify import load_rules
-from profattr.trace import cache, store
+from profattr.trace import cache, store, store_build
 from profattr.trace.reader import open_export
 
 # graph and eager, one GPU and two (tp2: collectives, the comm split), with and without memory ops
@@ -46,7 +46,7 @@ def test_store_ops_are_the_readers_ops(name, export_example, tmp_path):
     path = export_example(name)
     with open_export(path) as export:
         expected = export.ops()
-        built = store.build(export, tmp_path / "store", size=777)  # many windows, a launch buffer that slides
+        built = store_build.build(export, tmp_path / "store", size=777)  # many windows, a launch buffer that slides
         got = built.ops()
         for column in store.COLUMNS:
             want, have = getattr(expected, column), getattr(got, column)

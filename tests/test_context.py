@@ -17,7 +17,8 @@ import pytest
 from click.testing import CliRunner
 
 from profattr.cli import cli
-from profattr.taxonomy.classify import RuleSet, load_rules
+from profattr.taxonomy.classify import load_rules
+from profattr.taxonomy.ruleset import RuleSet
 from profattr.taxonomy.lookup import Inventory
 
 ROOT = Path(__file__).resolve().parent.parent

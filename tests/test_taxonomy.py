@@ -22,7 +22,8 @@ from conftest import ALL_CAPTURES, EXAMPLES, GLM_CAPTURES
 from profattr.cli import cli
 from profattr.errors import ProfattrError
 from profattr.taxonomy import classify as classify_module
-from profattr.taxonomy.classify import RULES_DIR, UNCLASSIFIED, load_rules
+from profattr.taxonomy.classify import RULES_DIR, load_rules
+from profattr.taxonomy.ruleset import UNCLASSIFIED
 
 DATA = Path(__file__).parent / "data" / "taxonomy"
 

@@ -39,7 +39,8 @@ from profattr.errors import ProfattrError
 from profattr.attribute.context import (ContextTexts, launch_stack_bits, torch_op_bits,
                                         warn_unmatched_contexts)
 from profattr.attribute.windows import by_windows
-from profattr.taxonomy.classify import RuleSet, load_rules
+from profattr.taxonomy.classify import load_rules
+from profattr.taxonomy.ruleset import RuleSet
 from profattr.trace.ops import Ops
 from profattr.trace.cache import StoreSource
 from profattr.trace.protocol import is_reader

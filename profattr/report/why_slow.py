@@ -11,7 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional, Sequence
 
-from profattr.attribute.kernel_bounds import THRESHOLDS, analyse_drill, shape_key
+from profattr.attribute.kernel_bounds import analyse_drill
+from profattr.attribute.kernel_families import shape_key
+from profattr.attribute.kernel_verdict import THRESHOLDS
 from profattr.errors import ProfattrError
 from profattr.limits import kernel_floor
 from profattr.run_record import RunRecord, or_empty
@@ -32,7 +34,7 @@ def _device(budget: Optional[dict]) -> Optional[dict]:
 
 def kernel_labels(ncu, budget: Optional[dict], rules: Sequence = ()) -> tuple:
     """({CSV kernel name: category}, {name: taxonomy family}, {name: {ms_per_step, count_per_step} in the capture},
-    how, {kernel_bounds.shape_key: {ms_per_step, count_per_step} in the capture}): the capture's own classification of the same kernel (same short name; it carries the NVTX context rules)
+    how, {kernel_families.shape_key: {ms_per_step, count_per_step} in the capture}): the capture's own classification of the same kernel (same short name; it carries the NVTX context rules)
     where the budget has it, else the taxonomy's."""
     ruleset = load_rules(rules)
     device = _device(budget)

@@ -23,6 +23,7 @@ import numpy as np
 from profattr import cache_keys, progress
 from profattr.cache_keys import enabled  # noqa: F401 (the caches' switch: PROFATTR_NO_CACHE)
 from profattr.trace import store as opstore
+from profattr.trace import store_build
 
 READER_VERSION = "3"  # 2: ops carry their launch shape (grid, block, registers); 3: and replays linked by graph
 DEFAULT_MAX_MB = 4096
@@ -207,7 +208,7 @@ def open_store(export) -> StoreSource:
         return _temporary(export)  # no writable cache folder: still never beside the capture
     try:
         with progress.stage(f"reading {Path(export.path).name}"):
-            opstore.build(export, work / "store")
+            store_build.build(export, work / "store")
         try:
             os.replace(work / "store", entry)
         except OSError:  # another process stored it first: use ours from the temporary folder
@@ -225,7 +226,7 @@ def _temporary(export) -> StoreSource:
     work = Path(tempfile.mkdtemp(prefix="profattr-store-"))
     try:
         with progress.stage(f"reading {Path(export.path).name}"):
-            return StoreSource(export, opstore.build(export, work / "store"), temporary=True)
+            return StoreSource(export, store_build.build(export, work / "store"), temporary=True)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
