@@ -263,8 +263,8 @@ def summarize(export, att: Attribution) -> Budget:
     texts.add(att.ops, att.combo, att.combos["evidence"].to_numpy(), att.combos["conflict"].to_numpy(), att.ranges,
               att.ctx_tid, att.ctx_ns, att.status, att.step >= 0)
     budget = assemble(export, att.steps, att.context_method, att.combos, *tables,
-                      att.placement() if att.status is not None else None, exclusive=totals.exclusive_ns(),
-                      short_kernels=totals.short, context_summary=texts.finish())
+                      att.placement() if att.status is not None else None, short_kernels=totals.short,
+                      context_summary=texts.finish())
     add_comm(budget, att)
     return budget
 

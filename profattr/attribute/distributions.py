@@ -37,9 +37,9 @@ def spread(values_ns: np.ndarray, steps: np.ndarray) -> dict:
             "outliers": int(len(above)), "outlier_steps": [int(s) for s in steps[above][:MAX_OUTLIERS]]}
 
 
-def device_distributions(d_steps: pd.DataFrame, d_exclusive: pd.DataFrame | None) -> dict:
-    """The `distributions` block of one device from its per_step rows and its exclusive time per (step, category)
-    (columns step, category, exclusive_ns; None: only the step and idle series)."""
+def device_distributions(d_steps: pd.DataFrame, table=None, device: int | None = None) -> dict:
+    """The `distributions` block of one device from its per_step rows and the step table (step_table.py
+    StepCategories: its exclusive time per step and category; None: only the step and idle series)."""
     from profattr.attribute.steady import steady_state
 
     d_steps = d_steps.sort_values("start_ns")
@@ -52,10 +52,17 @@ def device_distributions(d_steps: pd.DataFrame, d_exclusive: pd.DataFrame | None
            "outlier_rule": f"above median + max({MAD_FACTOR:g} x 1.4826 x MAD, {MIN_EXCESS:.0%} of the median)",
            "category_time": "exclusive", "step": step,
            "idle": spread(span - d_steps["busy_ns"].to_numpy(np.int64), steps), "categories": []}
-    if d_exclusive is not None and len(d_exclusive):
-        table = per_step_table(d_exclusive, "category", steps, "exclusive_ns")
-        for name in table.sum(axis=0).sort_values(ascending=False).index:
-            out["categories"].append({"category": str(name), **spread(table[name].to_numpy(), steps)})
+    present = table.present(device, exclusive=True) if table is not None else np.zeros(0, dtype=bool)
+    if present.any():
+        # the categories with exclusive time on the device, by name, summed as a frame and sorted by its sums the
+        # way a pivot of the per-row table was (equal sums keep the order that sort gives them)
+        names = np.asarray(table.categories, dtype=object)[present]
+        by_name = np.argsort(names, kind="stable")
+        values = table.table(device, steps, "exclusive_ns")[:, np.flatnonzero(present)[by_name]]
+        frame = pd.DataFrame(values, index=pd.Index(steps, name="step"),
+                             columns=pd.Index(names[by_name], name="category"))
+        for name in frame.sum(axis=0).sort_values(ascending=False).index:
+            out["categories"].append({"category": str(name), **spread(frame[name].to_numpy(), steps)})
     return out
 
 
