@@ -162,16 +162,18 @@ class _Grow:
 class StepTotals:
     """The budget's totals over the windows added so far (see the module docstring)."""
 
-    def __init__(self, step_categories: bool = True):
+    def __init__(self, step_categories: bool = True, pairs: int = 0):
+        """`pairs`: how many (device, step) pairs to expect (the steps: one device's), so that the per (pair,
+        category) matrices are allocated once (step_table.CellSums)."""
         self.step_categories = step_categories  # False: no op time and count per (step, category)
         self.pairs = _Grow()
         self.cat_ids: dict = {}  # category name -> id in order of first appearance
-        self.cells = CellSums()  # op time and count per (pair id, category id)
+        self.cells = CellSums(rows=pairs if step_categories else 0)  # op time and count per (pair id, category id)
         self.combo_parts: list = []  # per window: (device, registry combo, ns, count)
         self.outside: dict = {}  # device -> [ns, count]
         self.status = np.zeros(4, dtype=np.int64)
         self.comm: list = []  # per window: comm ops inside steps
-        self.exclusive = Exclusive()  # the busy time split among categories (exclusive.py)
+        self.exclusive = Exclusive(pairs)  # the busy time split among categories (exclusive.py)
         self.short: dict = {}  # device -> [ns, count] of kernels inside steps shorter than SHORT_KERNEL_NS
         self.in_order = True
 

@@ -151,9 +151,10 @@ class Exclusive:
     (pair, category) that ran alone (k = 1: nearly all of a one-stream decode) is summed into a pairs x categories
     matrix; only the rows at k >= 2 are kept as rows, so a long capture's millions of cells are not held as rows."""
 
-    def __init__(self):
+    def __init__(self, pairs: int = 0):
+        """`pairs`: how many (device, step) pairs to expect (CellSums)."""
         self.carry = [_EMPTY] * 4  # gid, category id, start, end of the intervals still running at the cutoff
-        self.alone = CellSums(("ns",))  # S[1] per (pair id, category id)
+        self.alone = CellSums(("ns",), pairs)  # S[1] per (pair id, category id)
         self.parts: list = []  # per window: its (g, c, k, ns) rows at k >= 2, summed
 
     def add(self, gid: np.ndarray, cat: np.ndarray, start: np.ndarray, end: np.ndarray, cutoff: np.ndarray,

@@ -127,9 +127,11 @@ class CellSums:
 
     GROWTH = 1.5
 
-    def __init__(self, names: tuple = ("ns", "count")):
+    def __init__(self, names: tuple = ("ns", "count"), rows: int = 0):
+        """`rows`: the pairs expected (a budget's steps: one device's pairs), allocated at once so that growing a
+        long capture's matrices (two copies while it lasts) is not needed."""
         self.names = names
-        self.cells = {k: np.zeros((0, 0), dtype=np.int64) for k in names}
+        self.cells = {k: np.zeros((max(int(rows), 0), 0), dtype=np.int64) for k in names}
 
     def _fit(self, rows: int, cols: int) -> None:
         have_rows, have_cols = self.cells[self.names[0]].shape

@@ -44,7 +44,7 @@ def _pass(source, store, steps, ranges, patterns, combos: Combos, remap=None, as
     windows = source.time_windows() if hasattr(source, "time_windows") else store.time_windows()
     if windows is None:
         return None
-    totals = StepTotals(step_categories)
+    totals = StepTotals(step_categories, pairs=len(steps))
     counts = PlacementCounts()
     selected = B.context_ranges(ranges, combos.ruleset.context_regexes)
     linear = LinearRanges(ranges)  # layerwise NVTX markers of linear layers: a GEMM's M, N, K (gemm_dims.py)
