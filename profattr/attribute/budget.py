@@ -255,9 +255,14 @@ def classify_masks(export, ops: Ops, mask: np.ndarray, patterns: Sequence[str], 
 
 
 def summarize(export, att: Attribution) -> Budget:
-    totals = StepTotals()
-    totals.add(att.ops, att.step, att.combo, None, None, categories=att.combos["category"].to_numpy(),
-               gemm=att.gemm_mnk)
+    """The Budget of an attribution. Its ops are summed a window of them at a time, in start order (the windows
+    add up to the same totals, accumulate.py says why): one sum over every op of a long capture held several
+    copies of its op arrays at once."""
+    totals = StepTotals(pairs=len(att.steps))
+    categories = att.combos["category"].to_numpy()
+    for index in start_windows(att.ops.start):
+        totals.add(att.ops.take(index), att.step[index], att.combo[index], None, None, categories=categories,
+                   gemm=att.gemm_mnk[index] if att.gemm_mnk is not None else None)
     tables = totals.finish(np.arange(len(att.combos)), att.combos)
     texts = ContextTexts(export)
     texts.add(att.ops, att.combo, att.combos["evidence"].to_numpy(), att.combos["conflict"].to_numpy(), att.ranges,
@@ -267,6 +272,20 @@ def summarize(export, att: Attribution) -> Budget:
                       context_summary=texts.finish())
     add_comm(budget, att)
     return budget
+
+
+def start_windows(start: np.ndarray):
+    """Index arrays of the ops in start order, trace/store.py's window size at a time (all of them in one when
+    they are few)."""
+    from profattr.trace.store import window_ops
+
+    size = window_ops()
+    if len(start) <= size:
+        yield slice(None)
+        return
+    order = np.argsort(start, kind="stable")
+    for lo in range(0, len(order), size):
+        yield order[lo:lo + size]
 
 
 def add_comm(budget: Budget, att: Attribution) -> None:
