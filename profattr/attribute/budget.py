@@ -57,7 +57,7 @@ def compute_budget(path, steps: str = "auto", rules: Sequence = (), force: bool 
     none (mapping.py). `by="layer"` adds per-layer rows to every device (`layer_range`: the layer regex).
     `skip_steps`: leave out the first N steps of each thread, or "auto" the slow start the steady-state test
     finds (attribute/steady.py); the budget says what it left out. `step_categories=False` leaves out
-    `per_step_category` (one row per step and category: what diff reads, the largest table of a long capture).
+    `per_step_category` (op time and count per step and category, step_table.py: what diff reads).
     """
     if by not in ("category", "layer"):
         raise ProfattrError(f"--by {by!r}: expected category or layer")
