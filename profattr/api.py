@@ -78,7 +78,7 @@ class Budget(Result):
                 steps[f"{col}_ms"] = steps[f"{col}_ns"] / NS_PER_MS
         step_cats = self.result.per_step_category
         return {"categories": pd.DataFrame(cats), "kernels": pd.DataFrame(kernels), "steps": steps,
-                "step_categories": step_cats.copy() if step_cats is not None else pd.DataFrame()}
+                "step_categories": step_cats.frame() if step_cats is not None else pd.DataFrame()}
 
 
 class Capture:

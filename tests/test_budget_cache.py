@@ -34,7 +34,7 @@ def cache_dir(tmp_path, monkeypatch):
 def _same_budget(a, b):
     assert a.to_dict() == b.to_dict()
     pd.testing.assert_frame_equal(a.per_step, b.per_step)
-    pd.testing.assert_frame_equal(a.per_step_category, b.per_step_category)
+    pd.testing.assert_frame_equal(a.per_step_category.frame(), b.per_step_category.frame())
     if a.per_step_comm is None:
         assert b.per_step_comm is None
     else:

@@ -112,7 +112,7 @@ def check_capture(path, cte, params, budget) -> None:
     cats = categories_by_op(path)
     for dev, step, s, e, _name, demangled, _kind in ops:
         per[(dev, step)].append((s, e, cats[(dev, s, e, demangled)]))
-    psc = budget.per_step_category
+    psc = budget.per_step_category.frame()
     ps = budget.per_step.set_index(["device", "start_ns"])
     got_by_step = {k: dict(zip(g["category"], g["exclusive_ns"])) for k, g in psc.groupby(["device", "step"])}
     total_excl = defaultdict(int)
@@ -203,7 +203,7 @@ def test_torch_trace_exclusive_split_matches_an_independent_sweep():
                                   att.ops.start[inside].tolist(), att.ops.end[inside].tolist()):
         per[(dev, step)].append((s, e, cat[i]))
     got_by_step = {k: dict(zip(g["category"], g["exclusive_ns"]))
-                   for k, g in b.per_step_category.groupby(["device", "step"])}
+                   for k, g in b.per_step_category.frame().groupby(["device", "step"])}
     ps = b.per_step.set_index(["device", "step"])
     overlapped_somewhere = False
     for key, intervals in per.items():
@@ -230,7 +230,8 @@ def test_tiny_windows_give_the_same_split(name, export_example, tmp_path, monkey
     windowed = compute_budget(path)
     assert json.dumps(windowed.to_dict()) == json.dumps(reference.to_dict())
     cols = ["device", "step", "category", "ns", "exclusive_ns"]
-    assert (windowed.per_step_category[cols].to_numpy() == reference.per_step_category[cols].to_numpy()).all()
+    got, want = windowed.per_step_category.frame(), reference.per_step_category.frame()
+    assert (got[cols].to_numpy() == want[cols].to_numpy()).all()
 
 
 # --- any interval set: the split adds up, windows or not -------------------------------------------------------------

@@ -19,7 +19,8 @@ import numpy as np
 import pandas as pd
 
 from profattr.attribute.ns_sums import add_ns, checked_ns
-from profattr.attribute.exclusive import Exclusive, frame as exclusive_frame
+from profattr.attribute.exclusive import Exclusive
+from profattr.attribute.step_table import CellSums, StepCategories
 from profattr.trace.ops import KIND_KERNEL, Ops, memop_name
 
 COMM_PREFIX = "comm."
@@ -161,16 +162,18 @@ class _Grow:
 class StepTotals:
     """The budget's totals over the windows added so far (see the module docstring)."""
 
-    def __init__(self, step_categories: bool = True):
-        self.step_categories = step_categories  # False: no per (step, category) table (finish gives None)
+    def __init__(self, step_categories: bool = True, pairs: int = 0):
+        """`pairs`: how many (device, step) pairs to expect (the steps: one device's), so that the per (pair,
+        category) matrices are allocated once (step_table.CellSums)."""
+        self.step_categories = step_categories  # False: no op time and count per (step, category)
         self.pairs = _Grow()
         self.cat_ids: dict = {}  # category name -> id in order of first appearance
-        self.cat_parts: list = []  # per window: (pair id, category id, ns, count)
+        self.cells = CellSums(rows=pairs if step_categories else 0)  # op time and count per (pair id, category id)
         self.combo_parts: list = []  # per window: (device, registry combo, ns, count)
         self.outside: dict = {}  # device -> [ns, count]
         self.status = np.zeros(4, dtype=np.int64)
         self.comm: list = []  # per window: comm ops inside steps
-        self.exclusive = Exclusive()  # the busy time split among categories (exclusive.py)
+        self.exclusive = Exclusive(pairs)  # the busy time split among categories (exclusive.py)
         self.short: dict = {}  # device -> [ns, count] of kernels inside steps shorter than SHORT_KERNEL_NS
         self.in_order = True
 
@@ -249,7 +252,8 @@ class StepTotals:
         count = np.bincount(key, minlength=n_groups * n_cats)
         hit = np.flatnonzero(count)
         g_idx, c_idx = np.divmod(hit, n_cats)
-        self.cat_parts.append((gid[g_idx], c_idx, ns[hit], count[hit]))
+        self.cells.add(gid[g_idx], c_idx, {"ns": ns[hit], "count": count[hit]}, len(self.pairs.device_of),
+                       len(self.cat_ids))
 
     def _spans_and_busy(self, gid, group, start, end, n_groups) -> None:
         """First start, last end, and the union length of each group, continued from earlier windows.
@@ -295,8 +299,9 @@ class StepTotals:
         add_ns(cols["busy"], gid, checked_ns(np.bincount(g, weights=e, minlength=n_groups), "busy times"))
 
     def finish(self, final: np.ndarray, combos: pd.DataFrame):
-        """(per_step, per_step_category, per_combo, outside) as summarize builds them from one window; `final` maps
-        registry combinations to rows of `combos`."""
+        """(per_step, step table, per_combo, outside) as summarize builds them from one window; `final` maps
+        registry combinations to rows of `combos`. The step table (step_table.StepCategories) holds the exclusive
+        split always, and op time and counts when the totals were made with `step_categories`."""
         p = self.pairs
         dev = p.device.astype(np.int32)
         stp = p.step.astype(np.int64)
@@ -311,22 +316,29 @@ class StepTotals:
             "start_ns": c["span_start"], "end_ns": c["span_end"], "span_ns": c["span_end"] - c["span_start"],
             "busy_ns": c["busy"], "op_ns": c["op_ns"], "kernels": c["kernels"],
         })
-        per_step_category = (self._step_categories(rank, dev64[order], stp[order], n_groups, combos)
-                             if self.step_categories else None)
+        table = self._step_table(order, rank, dev64[order], stp[order], combos)
         per_combo = self._per_combo(final)
         outside = {d: (ns_, cnt) for d, (ns_, cnt) in self.outside.items()}
-        return per_step, per_step_category, per_combo, outside
+        return per_step, table, per_combo, outside
 
-    def exclusive_ns(self) -> pd.DataFrame:
-        """device, step, category, exclusive_ns: each step's busy time split among its categories (exclusive.py),
-        sorted by (device, step, category); a step's rows add up to its busy_ns."""
+    def _step_table(self, order, rank, dev_sorted, step_sorted, combos: pd.DataFrame) -> StepCategories:
+        """The step table: rows in (device, step) order (`order`: pair id per row, `rank`: row per pair id),
+        categories in the order of their first appearance in the final combos (pd.factorize, as summarize)."""
+        _, cat_names = pd.factorize(combos["category"].to_numpy())
+        code_of = {name: i for i, name in enumerate(cat_names)}
+        column = np.array([code_of.get(name, 0) for name in self.cat_ids], dtype=np.int64)
+        n_cols = len(cat_names)
+        sums = self.cells.finish(order, column, n_cols) if self.step_categories else {}
+        exclusive = np.zeros((len(order), n_cols), dtype=np.int64)
+        has = np.zeros((len(order), n_cols), dtype=bool)
         names = list(self.cat_ids)
         tie = np.argsort(np.argsort(np.array(names, dtype=object), kind="stable"), kind="stable")  # rank by name
-        gid, cat, ns = self.exclusive.finish(len(names), tie)
-        # sorted as integers (device, step, the category's rank by name) before the frame is made: sorting the frame
-        # by its text column held several copies of a table of millions of rows on a long capture
-        order = np.lexsort((tie[cat], self.pairs.step[gid], self.pairs.device[gid])) if len(gid) else gid
-        return exclusive_frame(self.pairs.device, self.pairs.step, gid[order], cat[order], ns[order], names)
+        for gid, cat, ns in self.exclusive.finish_runs(len(names), tie):  # a run of pairs at a time
+            exclusive[rank[gid], column[cat]] = ns
+            has[rank[gid], column[cat]] = True
+        return StepCategories(device=dev_sorted, step=step_sorted, categories=[str(x) for x in cat_names],
+                              ns=sums.get("ns"), count=sums.get("count"), exclusive_ns=exclusive, has_exclusive=has)
+
     def _per_combo(self, final: np.ndarray) -> pd.DataFrame:
         """device, combo, grid, block, gemm, ns, count: one row per (device, final combination, launch shape)."""
         parts = self.combo_parts
@@ -347,30 +359,6 @@ class StepTotals:
         keep = count > 0
         return pd.DataFrame({"device": keys[keep, 0].astype(np.int32), "combo": keys[keep, 1], "grid": keys[keep, 2],
                              "block": keys[keep, 3], "gemm": keys[keep, 4], "ns": ns[keep], "count": count[keep]})
-
-    def _step_categories(self, rank, dev_sorted, step_sorted, n_groups, combos: pd.DataFrame) -> pd.DataFrame:
-        """per_step_category from the windows' parts; `rank`: final row of each pair id in (device, step) order."""
-        # categories in the order of their first appearance in the final combos (pd.factorize, as summarize)
-        cat_codes, cat_names = pd.factorize(combos["category"].to_numpy())
-        n_cats = max(len(cat_names), 1)
-        code_of = {name: i for i, name in enumerate(cat_names)}
-        remap = np.array([code_of.get(name, 0) for name in self.cat_ids], dtype=np.int64)
-        if self.cat_parts:
-            g = np.concatenate([rank[x[0]] for x in self.cat_parts])
-            k = np.concatenate([remap[x[1]] for x in self.cat_parts])
-            ns_in = np.concatenate([x[2] for x in self.cat_parts])
-            cnt_in = np.concatenate([x[3] for x in self.cat_parts])
-        else:
-            g = k = ns_in = cnt_in = np.zeros(0, dtype=np.int64)
-        key = g * n_cats + k
-        size = n_groups * n_cats
-        ns = checked_ns(np.bincount(key, weights=ns_in, minlength=size))
-        count = np.bincount(key, weights=cnt_in, minlength=size).round().astype(np.int64)
-        g_idx, c_idx = np.divmod(np.flatnonzero(count), n_cats)
-        return pd.DataFrame({"device": dev_sorted[g_idx] if n_groups else [],
-                             "step": step_sorted[g_idx] if n_groups else [],
-                             "category": np.asarray(cat_names, dtype=object)[c_idx],
-                             "ns": ns[count > 0], "count": count[count > 0]})
 
     def comm_ops(self, category_of_reg: np.ndarray):
         """(ops, step, category) holding the collectives inside steps and one stand-in op (no category) per

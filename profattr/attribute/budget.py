@@ -67,8 +67,8 @@ def compute_budget(capture, steps: str = "auto", rules=(), *, force: bool = Fals
     to replayed graph ops that have none (mapping.py). `by="layer"` adds per-layer rows to every device
     (`layer_range`: the layer regex). `skip_steps`: leave out the first N steps of each thread, or "auto" the slow
     start the steady-state test finds (attribute/steady.py); the budget says what it left out.
-    `step_categories=False` leaves out `per_step_category` (one row per step and category: what diff reads, the
-    largest table of a long capture). `require_work=False` (the checks) returns a budget with no devices instead of
+    `step_categories=False` leaves out `per_step_category` (op time and count per step and category,
+    step_table.py: what diff reads). `require_work=False` (the checks) returns a budget with no devices instead of
     the error when the steps hold no GPU work.
     """
     if by not in ("category", "layer"):
@@ -266,18 +266,37 @@ def classify_masks(export, ops: Ops, mask: np.ndarray, patterns: Sequence[str], 
 
 
 def summarize(export, att: Attribution) -> Budget:
-    totals = StepTotals()
-    totals.add(att.ops, att.step, att.combo, None, None, categories=att.combos["category"].to_numpy(),
-               gemm=att.gemm_mnk)
+    """The Budget of an attribution. Its ops are summed a window of them at a time, in start order (the windows
+    add up to the same totals, accumulate.py says why): one sum over every op of a long capture held several
+    copies of its op arrays at once."""
+    totals = StepTotals(pairs=len(att.steps))
+    categories = att.combos["category"].to_numpy()
+    for index in start_windows(att.ops.start):
+        totals.add(att.ops.take(index), att.step[index], att.combo[index], None, None, categories=categories,
+                   gemm=att.gemm_mnk[index] if att.gemm_mnk is not None else None)
     tables = totals.finish(np.arange(len(att.combos)), att.combos)
     texts = ContextTexts(export)
     texts.add(att.ops, att.combo, att.combos["evidence"].to_numpy(), att.combos["conflict"].to_numpy(), att.ranges,
               att.ctx_tid, att.ctx_ns, att.status, att.step >= 0)
     budget = assemble(export, att.steps, att.context_method, att.combos, *tables,
-                      att.placement() if att.status is not None else None, exclusive=totals.exclusive_ns(),
-                      short_kernels=totals.short, context_summary=texts.finish())
+                      att.placement() if att.status is not None else None, short_kernels=totals.short,
+                      context_summary=texts.finish())
     add_comm(budget, att)
     return budget
+
+
+def start_windows(start: np.ndarray):
+    """Index arrays of the ops in start order, trace/store.py's window size at a time (all of them in one when
+    they are few)."""
+    from profattr.trace.store import window_ops
+
+    size = window_ops()
+    if len(start) <= size:
+        yield slice(None)
+        return
+    order = np.argsort(start, kind="stable")
+    for lo in range(0, len(order), size):
+        yield order[lo:lo + size]
 
 
 def add_comm(budget: Budget, att: Attribution) -> None:

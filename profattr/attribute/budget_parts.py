@@ -15,6 +15,7 @@ from profattr.attribute.graphs import STATUS_NAMES
 from profattr.attribute.nvtx import Ranges, enclosed
 from profattr.attribute.shapes import kernel_shapes, short_kernel_stats
 from profattr.attribute.steps import Steps
+from profattr.attribute.step_table import StepCategories
 from profattr.errors import ProfattrError
 from profattr.regexguard import search_mask
 from profattr.attribute.context import evidence_block
@@ -79,7 +80,8 @@ class Budget:
     steps_count: int
     devices: list  # list of dicts, see to_dict()
     per_step: pd.DataFrame  # device, step, start_ns, end_ns, span_ns, busy_ns, op_ns, kernels
-    per_step_category: pd.DataFrame | None  # device, step, category, ns, count, exclusive_ns (None: not asked for)
+    # per (device, step) and category: op time, count, exclusive time (step_table.py; None: not asked for)
+    per_step_category: StepCategories | None
     attribution: Attribution | None = field(default=None, repr=False)
     context_method: str = "launch"
     nvtx_placement: dict | None = None  # ops per context method (Attribution.placement)
@@ -165,22 +167,17 @@ def context_ranges(ranges: Ranges, regexes: Sequence) -> list:
     return out
 
 def assemble(export, steps: Steps, context_method: str, combos_frame: pd.DataFrame, per_step: pd.DataFrame,
-             per_step_category: pd.DataFrame, per_combo: pd.DataFrame, outside: dict,
-             nvtx_placement: dict | None, exclusive: pd.DataFrame | None = None,
+             table: StepCategories, per_combo: pd.DataFrame, outside: dict, nvtx_placement: dict | None,
              short_kernels: dict | None = None, context_summary: dict | None = None) -> Budget:
-    """The Budget from the totals (accumulate.StepTotals.finish) of its steps; `exclusive`: StepTotals.exclusive_ns
-    (the busy time split among categories), which also gives per_step_category its `exclusive_ns` column; `short_kernels`: per device, (ns,
-    count) of the kernels under accumulate.SHORT_KERNEL_NS (StepTotals.short)."""
-    if exclusive is None:
-        exclusive = pd.DataFrame({"device": [], "step": [], "category": [], "exclusive_ns": []})
-    if per_step_category is not None:
-        per_step_category = with_exclusive(per_step_category, exclusive)
-    excl_by = exclusive.groupby(["device", "category"])["exclusive_ns"].sum()
+    """The Budget from the totals (accumulate.StepTotals.finish) of its steps; `table`: the step table, whose
+    exclusive split (the busy time split among categories) gives the categories' exclusive time and their
+    distributions, and which is the budget's per_step_category when it holds op time and counts;
+    `short_kernels`: per device, (ns, count) of the kernels under accumulate.SHORT_KERNEL_NS (StepTotals.short)."""
     devices = []
     for device in sorted(set(per_step["device"].tolist())):
         d_steps = per_step[per_step["device"] == device]
         n = len(d_steps)
-        excl = excl_by.loc[device].to_dict() if device in excl_by.index.get_level_values(0) else {}
+        excl = table.device_sums(int(device), "exclusive_ns")
         combos = per_combo[per_combo["device"] == device].merge(combos_frame, left_on="combo", right_index=True)
         total_op_ns = float(combos["ns"].sum())
         kernels = (combos.groupby(["name", "demangled", "category", "family"], sort=False)[["ns", "count"]]
@@ -216,30 +213,14 @@ def assemble(export, steps: Steps, context_method: str, combos_frame: pd.DataFra
                               "ms": float(outside.get(int(device), (0, 0))[0]) / NS_PER_MS},
             # what decided the categories, the kernels no certain name rule covers, the contradicted rules
             **evidence_block(combos, int(device), n, total_op_ns, context_summary),
-            "distributions": device_distributions(d_steps, exclusive[exclusive["device"] == device]),
+            "distributions": device_distributions(d_steps, table, int(device)),
         })
     return Budget(path=str(export.path), nsys_version=export.nsys_version,
                   schema_version=export.schema_version, gpus=export.gpus, steps_source=steps.source,
                   steps_reason=steps.reason, steps_count=len(steps), devices=devices, per_step=per_step,
                   format=export.format, tool_version=export.tool_version, steps_excluded=dict(steps.excluded),
-                  per_step_category=per_step_category, context_method=context_method,
+                  per_step_category=table if table.ns is not None else None, context_method=context_method,
                   nvtx_placement=nvtx_placement)
-
-def with_exclusive(per_step_category: pd.DataFrame, exclusive: pd.DataFrame) -> pd.DataFrame:
-    """per_step_category with an `exclusive_ns` column: the exclusive time of the same (device, step, category), 0
-    where it has none. The rows of a left merge, in the same order, found by one index look-up instead (a merge
-    holds copies of both tables: on a long capture, millions of rows each)."""
-    keys = ["device", "step", "category"]
-    out = per_step_category.copy(deep=False)
-    if not len(exclusive) or not len(out):
-        out["exclusive_ns"] = np.zeros(len(out), dtype=np.int64)
-        return out
-    right = pd.MultiIndex.from_arrays([exclusive[k].to_numpy() for k in keys])
-    pos = right.get_indexer(pd.MultiIndex.from_arrays([out[k].to_numpy() for k in keys]))
-    values = exclusive["exclusive_ns"].to_numpy().astype(np.int64)
-    out["exclusive_ns"] = np.where(pos >= 0, values[np.maximum(pos, 0)], 0).astype(np.int64)
-    return out
-
 
 def _category_row(category: str, op_ns: float, count: float, exclusive_ns: int, n: int, mean_step_ms: float) -> dict:
     """A device's category row: op time, exclusive and overlapped time per step, share of the mean step."""

@@ -37,6 +37,7 @@ import pandas as pd
 from profattr import progress
 from profattr.attribute.budget import Budget, compute_budget
 from profattr.attribute.shapes import mean_shapes
+from profattr.attribute.step_table import StepCategories
 from profattr.attribute.diff_parts import family_split, fingerprint, kernel_rows, layer_rows
 from profattr.attribute.diff_stats import (COMM_WAIT, WINDOWS_FOR_VARIANCE, bootstrap, coverage, is_change, levels,
                                            practical_ms)
@@ -60,7 +61,7 @@ class Side:
     path: str
     budget: dict
     per_step: pd.DataFrame | None
-    per_step_category: pd.DataFrame | None
+    per_step_category: StepCategories | None  # step_table.py
     run: RunRecord | None
     per_step_comm: pd.DataFrame | None = None  # device, step, category, collective_ns, wait_ns
     replicates: list = field(default_factory=list)  # the Sides a group averages ([] for one capture)

@@ -55,9 +55,8 @@ def step_matrix(side, device: int, names: list) -> np.ndarray | None:
     value = "ns" if "overlap" in names else "exclusive_ns"
     if value not in psc.columns:
         return None
-    cat = psc[psc["device"] == device].pivot_table(index="step", columns="category", values=value,
-                                                   aggfunc="sum", fill_value=0)
-    cat = cat.reindex(steps.index, fill_value=0)
+    cat = psc.table(device, steps.index.to_numpy(), value)  # steps x categories (step_table.py), 0: did not run
+    column = {name: j for j, name in enumerate(psc.categories)}
     wait = None
     d = next((x for x in side.budget["devices"] if x["device"] == device), {})
     if d.get("comm") and side.per_step_comm is None:
@@ -71,7 +70,7 @@ def step_matrix(side, device: int, names: list) -> np.ndarray | None:
     for name in names:
         if name.startswith("category:"):
             c = name.split(":", 1)[1]
-            col = cat[c].to_numpy(dtype=float) if c in cat.columns else np.zeros(len(steps))
+            col = cat[:, column[c]].astype(float) if c in column else np.zeros(len(steps))
             if wait is not None and c in wait.columns:
                 col = col - wait[c].to_numpy(dtype=float)
             cols.append(col)

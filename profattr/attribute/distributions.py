@@ -14,6 +14,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from profattr.attribute.ns_sums import checked_ns
+
 NS_PER_MS = 1e6
 MAD_FACTOR = 3.0
 MAD_SIGMA = 1.4826  # MAD x this estimates the standard deviation of normal data
@@ -37,9 +39,9 @@ def spread(values_ns: np.ndarray, steps: np.ndarray) -> dict:
             "outliers": int(len(above)), "outlier_steps": [int(s) for s in steps[above][:MAX_OUTLIERS]]}
 
 
-def device_distributions(d_steps: pd.DataFrame, d_exclusive: pd.DataFrame | None) -> dict:
-    """The `distributions` block of one device from its per_step rows and its exclusive time per (step, category)
-    (columns step, category, exclusive_ns; None: only the step and idle series)."""
+def device_distributions(d_steps: pd.DataFrame, table=None, device: int | None = None) -> dict:
+    """The `distributions` block of one device from its per_step rows and the step table (step_table.py
+    StepCategories: its exclusive time per step and category; None: only the step and idle series)."""
     from profattr.attribute.steady import steady_state
 
     d_steps = d_steps.sort_values("start_ns")
@@ -52,45 +54,61 @@ def device_distributions(d_steps: pd.DataFrame, d_exclusive: pd.DataFrame | None
            "outlier_rule": f"above median + max({MAD_FACTOR:g} x 1.4826 x MAD, {MIN_EXCESS:.0%} of the median)",
            "category_time": "exclusive", "step": step,
            "idle": spread(span - d_steps["busy_ns"].to_numpy(np.int64), steps), "categories": []}
-    if d_exclusive is not None and len(d_exclusive):
-        table = per_step_table(d_exclusive, "category", steps, "exclusive_ns")
-        for name in table.sum(axis=0).sort_values(ascending=False).index:
-            out["categories"].append({"category": str(name), **spread(table[name].to_numpy(), steps)})
+    present = table.present(device, exclusive=True) if table is not None else np.zeros(0, dtype=bool)
+    if present.any():
+        # the categories with exclusive time on the device, by name, summed as a frame and sorted by its sums the
+        # way a pivot of the per-row table was (equal sums keep the order that sort gives them)
+        names = np.asarray(table.categories, dtype=object)[present]
+        by_name = np.argsort(names, kind="stable")
+        values = table.table(device, steps, "exclusive_ns")[:, np.flatnonzero(present)[by_name]]
+        frame = pd.DataFrame(values, index=pd.Index(steps, name="step"),
+                             columns=pd.Index(names[by_name], name="category"))
+        for name in frame.sum(axis=0).sort_values(ascending=False).index:
+            out["categories"].append({"category": str(name), **spread(frame[name].to_numpy(), steps)})
     return out
-
-
-def per_step_table(frame: pd.DataFrame, key: str, steps: np.ndarray, value: str = "ns") -> pd.DataFrame:
-    """`value` per (step, `key`) as a steps x keys table in the order of `steps` (keys sorted), 0 where a key did
-    not run: the table of a pivot (sum) reindexed by `steps`, summed into one integer matrix (a pivot of a long
-    capture's millions of rows holds several copies of them)."""
-    codes, keys = pd.factorize(frame[key], sort=True)
-    steps = np.asarray(steps, dtype=np.int64)
-    order = np.argsort(steps, kind="stable")
-    at = np.searchsorted(steps[order], frame["step"].to_numpy(np.int64))
-    known = at < len(steps)
-    known[known] = steps[order][at[known]] == frame["step"].to_numpy(np.int64)[known]
-    matrix = np.zeros((len(steps), len(keys)), dtype=np.int64)
-    np.add.at(matrix, (order[at[known]], codes[known]), frame[value].to_numpy(np.int64)[known])
-    return pd.DataFrame(matrix, index=pd.Index(steps, name="step"), columns=pd.Index(keys, name=key))
 
 
 def kernel_distributions(budget, top: int = TOP_KERNELS) -> None:
     """Add `kernels` (the `top` largest kernels by time, by short name) to each device's `distributions`, from the
-    budget's attribution."""
+    budget's attribution. Ops are grouped by integer codes of their names (no text column of every op)."""
     att = budget.attribution
     if att is None:
         return
-    names = att.combos["name"].to_numpy()[att.combo]
+    name_code, names = pd.factorize(att.combos["name"].to_numpy(), sort=True)  # codes in name order
+    names = np.asarray(names, dtype=object)
     inside = att.step >= 0
-    frame = pd.DataFrame({"device": att.ops.device[inside], "step": att.step[inside], "name": names[inside],
-                          "ns": att.ops.duration_ns[inside]})
+    device = att.ops.device[inside]
+    step = att.step[inside]
+    code = name_code[att.combo[inside]] if len(names) else np.zeros(int(inside.sum()), dtype=np.int64)
+    ns = att.ops.duration_ns[inside].astype(np.int64)
     for d in budget.devices:
         dist = d.get("distributions")
         if dist is None:
             continue
-        sel = frame[frame["device"] == d["device"]]
+        mine = device == d["device"]
         steps = budget.per_step.loc[budget.per_step["device"] == d["device"]].sort_values("start_ns")["step"]
         steps = steps.to_numpy(np.int64)
-        order = sel.groupby("name")["ns"].sum().sort_values(ascending=False).index[:top]
-        table = per_step_table(sel[sel["name"].isin(order)], "name", steps)
-        dist["kernels"] = [{"name": str(n), **spread(table[n].to_numpy(), steps)} for n in order]
+        c, v, st = code[mine], ns[mine], step[mine]
+        total = checked_ns(np.bincount(c, weights=v, minlength=len(names)))  # exact: sums far below 2**53
+        ran = np.bincount(c, minlength=len(names)) > 0
+        # a groupby-sum's Series (names sorted), sorted by its sums as that was (equal sums keep that sort's order)
+        sums = pd.Series(total[ran], index=pd.Index(names[ran], name="name"))
+        order = sums.sort_values(ascending=False).index[:top]
+        table = _code_table(c, st, v, steps, {str(n): i for i, n in enumerate(names)}, order)
+        dist["kernels"] = [{"name": str(n), **spread(table[:, j], steps)} for j, n in enumerate(order)]
+
+
+def _code_table(code, step, ns, steps, code_of: dict, keys) -> np.ndarray:
+    """len(steps) x len(keys) summed `ns` of the ops whose name code is that of each key, in the order of `steps`
+    (0 where a key did not run)."""
+    column = np.full(len(code_of), -1, dtype=np.int64)
+    for j, key in enumerate(keys):
+        column[code_of[str(key)]] = j
+    order = np.argsort(steps, kind="stable")
+    col = column[code] if len(code) else np.zeros(0, dtype=np.int64)
+    at = np.searchsorted(steps[order], step)
+    known = (col >= 0) & (at < len(steps))
+    known[known] = steps[order][at[known]] == step[known]
+    out = np.zeros((len(steps), len(keys)), dtype=np.int64)
+    np.add.at(out, (order[at[known]], col[known]), ns[known])
+    return out

@@ -24,9 +24,10 @@ import numpy as np
 import pandas as pd
 
 from profattr.attribute.ns_sums import checked_ns
+from profattr.attribute.step_table import CellSums
 
 _EMPTY = np.zeros(0, dtype=np.int64)
-ROUND_ROWS = 1 << 18  # (pair, category, k) rows rounded at once (Exclusive.finish)
+ROUND_ROWS = 1 << 18  # (pair, category) cells rounded at once (Exclusive.finish)
 
 
 def merge_segments(key: np.ndarray, start: np.ndarray, end: np.ndarray):
@@ -146,11 +147,15 @@ def sum_rows(g, c, k, ns):
 
 
 class Exclusive:
-    """The exclusive split accumulated over windows in start order (see the module docstring)."""
+    """The exclusive split accumulated over windows in start order (see the module docstring). The time of each
+    (pair, category) that ran alone (k = 1: nearly all of a one-stream decode) is summed into a pairs x categories
+    matrix; only the rows at k >= 2 are kept as rows, so a long capture's millions of cells are not held as rows."""
 
-    def __init__(self):
+    def __init__(self, pairs: int = 0):
+        """`pairs`: how many (device, step) pairs to expect (CellSums)."""
         self.carry = [_EMPTY] * 4  # gid, category id, start, end of the intervals still running at the cutoff
-        self.parts: list = []  # per window: sum_rows of its sweep
+        self.alone = CellSums(("ns",), pairs)  # S[1] per (pair id, category id)
+        self.parts: list = []  # per window: its (g, c, k, ns) rows at k >= 2, summed
 
     def add(self, gid: np.ndarray, cat: np.ndarray, start: np.ndarray, end: np.ndarray, cutoff: np.ndarray,
             n_cats: int) -> None:
@@ -179,32 +184,47 @@ class Exclusive:
         if not alone.all():
             rest = ~alone
             rows.append(sweep(g[rest], c[rest], s[rest], e[rest], n_cats))
-        self.parts.append(sum_rows(*(np.concatenate([r[i] for r in rows]) for i in range(4))))
+        rg, rc, rk, rns = sum_rows(*(np.concatenate([r[i] for r in rows]) for i in range(4)))
+        one = rk == 1
+        self.alone.add(rg[one], rc[one], {"ns": rns[one]}, int(g.max()) + 1, max(int(n_cats), int(c.max()) + 1))
+        if not one.all():
+            self.parts.append((rg[~one], rc[~one], rk[~one], rns[~one]))
 
     def finish(self, n_cats: int, tie=None):
         """(pair id, category id, exclusive ns) per pair and category with time, rounded per pair so that each
         pair's rows add up to its union length (busy). `tie`: per category id, its rank among the names (equal
         remainders go to the lower rank, so the result does not depend on the order categories were met in)."""
-        cg, cc, cs, ce = self.carry
-        self._sweep(cg, cc, cs, ce, n_cats)
-        self.carry = [_EMPTY] * 4
-        if not self.parts:
-            return _EMPTY, _EMPTY, _EMPTY
-        g, c, k, ns = sum_rows(*(np.concatenate([p[i] for p in self.parts]) for i in range(4)))
-        # rounded a run of whole pairs at a time (each pair's rounding is its own): the rounding's temporaries are
-        # then a run's, not those of every step and category of a long capture
-        out, lo = [], 0
-        while lo < len(g):
-            hi = min(lo + ROUND_ROWS, len(g))
-            if hi < len(g):  # end the run where a pair ends
-                hi = int(np.searchsorted(g, g[hi], side="left"))
-                if hi <= lo:
-                    hi = int(np.searchsorted(g, g[lo], side="right"))
-            out.append(round_shares(g[lo:hi], c[lo:hi], k[lo:hi], ns[lo:hi], tie))
-            lo = hi
+        out = list(self.finish_runs(n_cats, tie))
         if not out:
             return _EMPTY, _EMPTY, _EMPTY
         return tuple(np.concatenate([part[i] for part in out]) for i in range(3))
+
+    def finish_runs(self, n_cats: int, tie=None):
+        """finish's rows, a run of whole pairs at a time (each pair's rounding is its own): the (g, c, k, ns) rows,
+        the rounding's temporaries and the caller's are then a run's, not those of every step and category."""
+        cg, cc, cs, ce = self.carry
+        self._sweep(cg, cc, cs, ce, n_cats)
+        self.carry = [_EMPTY] * 4
+        alone = self.alone.cells["ns"]
+        parts, self.parts = self.parts, []
+        if parts:
+            pg, pc, pk, pns = sum_rows(*(np.concatenate([p[i] for p in parts]) for i in range(4)))
+        else:
+            pg = pc = pk = pns = _EMPTY
+        del parts
+        run = max(1, ROUND_ROWS // max(alone.shape[1], 1))  # pairs per run
+        n_pairs = max(len(alone), int(pg.max()) + 1 if len(pg) else 0)
+        for lo in range(0, n_pairs, run):
+            hi = min(lo + run, n_pairs)
+            block = alone[lo:hi]
+            row, col = np.nonzero(block)
+            a, b = np.searchsorted(pg, [lo, hi])  # the run's rows at k >= 2
+            g, c, k, ns = sum_rows(np.concatenate([row + lo, pg[a:b]]), np.concatenate([col, pc[a:b]]),
+                                   np.concatenate([np.ones(len(row), dtype=np.int64), pk[a:b]]),
+                                   np.concatenate([block[row, col], pns[a:b]]))
+            if len(g):
+                yield round_shares(g, c, k, ns, tie)
+        self.alone = CellSums(("ns",))
 
 
 def round_shares(g, c, k, ns, tie=None):
@@ -240,9 +260,3 @@ def round_shares(g, c, k, ns, tie=None):
     need = short[gi]
     return pg, pc, base + (rank < need).astype(np.int64) - (from_end < -need).astype(np.int64)
 
-
-def frame(pair_device, pair_step, gid, cat, ns, cat_names) -> pd.DataFrame:
-    """(device, step, category, exclusive_ns) from finish's rows."""
-    return pd.DataFrame({"device": pair_device[gid].astype(np.int64), "step": pair_step[gid].astype(np.int64),
-                         "category": np.asarray(cat_names, dtype=object)[cat] if len(cat) else
-                         np.zeros(0, dtype=object), "exclusive_ns": ns.astype(np.int64)})

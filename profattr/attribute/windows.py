@@ -44,7 +44,7 @@ def _pass(source, store, steps, ranges, patterns, combos: Combos, remap=None, as
     windows = source.time_windows()
     if windows is None:
         return None
-    totals = StepTotals(step_categories)
+    totals = StepTotals(step_categories, pairs=len(steps))
     counts = PlacementCounts()
     selected = B.context_ranges(ranges, combos.ruleset.context_regexes)
     linear = LinearRanges(ranges)  # layerwise NVTX markers of linear layers: a GEMM's M, N, K (gemm_dims.py)
@@ -70,10 +70,10 @@ def _pass(source, store, steps, ranges, patterns, combos: Combos, remap=None, as
         if not totals.in_order:
             return None
     final, frame = combos.finish()
-    per_step, per_step_category, per_combo, outside = totals.finish(final, frame)
-    budget = B.assemble(source, steps, counts.method(ranges), frame, per_step, per_step_category, per_combo,
-                        outside, B.placement_dict(totals.status), exclusive=totals.exclusive_ns(),
-                        short_kernels=totals.short, context_summary=texts.finish(final))
+    per_step, table, per_combo, outside = totals.finish(final, frame)
+    budget = B.assemble(source, steps, counts.method(ranges), frame, per_step, table, per_combo, outside,
+                        B.placement_dict(totals.status), short_kernels=totals.short,
+                        context_summary=texts.finish(final))
     category_of_reg = np.array([combos.category_of(i) for i in range(len(combos.rows))], dtype=object)
     comm = totals.comm_ops(category_of_reg)
     if comm is not None:

@@ -8,6 +8,7 @@ import pandas as pd
 
 from profattr.attribute.budget import SCHEMA as BUDGET_SCHEMA
 from profattr.attribute.diff import BOOTSTRAP_SAMPLES, Side, compute_diff
+from profattr.attribute.step_table import StepCategories
 from profattr.errors import ProfattrError
 from profattr.ledger.schema import TABLES, checked, has_columns, ledger_path, stored_json
 from profattr.run_record import RunRecord
@@ -212,7 +213,8 @@ def entry_side(db, entry: dict) -> Side:
                            ["device", "step", "category", "collective_ns", "wait_ns"], "step_comm")
     # what the ledger kept of the run.json: the backend a diff compares
     run = RunRecord({"backend": stored_json(db, "entries", entry, "backend_json")}) if entry["run_json_path"] else None
-    return Side(entry["export_path"], budget_dict(db, entry), per_step, per_step_category, run, per_step_comm)
+    return Side(entry["export_path"], budget_dict(db, entry), per_step, StepCategories.from_frame(per_step_category),
+                run, per_step_comm)
 
 
 def compare(db, path, ref_a, ref_b, samples: int = BOOTSTRAP_SAMPLES, changed: Optional[str] = None) -> dict:

@@ -267,12 +267,19 @@ def gpu_rows(entry_id: int, run: RunRecord) -> list:
     return rows
 
 
-def _frame_rows(entry_id: int, frame, columns: dict) -> list:
-    """Rows of a per-step DataFrame as plain Python values; `columns`: frame column -> ledger column."""
+ROWS_PER_CHUNK = 1 << 16  # per-step rows made into Python values at once
+
+
+def _frame_rows(entry_id: int, frame, columns: dict):
+    """Rows of a per-step DataFrame as plain Python values, made a chunk at a time as they are written (never the
+    whole table as Python objects); `columns`: frame column -> ledger column."""
     if frame is None or len(frame) == 0:
-        return []
-    values = [frame[src].tolist() for src in columns]
-    return [dict(zip(["entry_id", *columns.values()], (entry_id, *row))) for row in zip(*values)]
+        return
+    keys = ["entry_id", *columns.values()]
+    for lo in range(0, len(frame), ROWS_PER_CHUNK):
+        values = [frame[src].iloc[lo:lo + ROWS_PER_CHUNK].tolist() for src in columns]
+        for row in zip(*values):
+            yield dict(zip(keys, (entry_id, *row)))
 
 
 # a budget device's evidence section, its step-to-step spread and its GEMM precision table, kept whole as JSON
@@ -321,10 +328,10 @@ def budget_rows(entry_id: int, b: Budget) -> dict:
     out["steps"] = _frame_rows(entry_id, b.per_step, {"device": "device", "step": "step", "start_ns": "start_ns",
                                                       "end_ns": "end_ns", "span_ns": "span_ns", "busy_ns": "busy_ns",
                                                       "op_ns": "op_ns", "kernels": "kernel_count"})
-    out["step_categories"] = _frame_rows(entry_id, b.per_step_category, {"device": "device", "step": "step",
-                                                                         "category": "category", "ns": "duration_ns",
-                                                                         "count": "count",
-                                                                         "exclusive_ns": "exclusive_ns"})
+    table = b.per_step_category  # rows made a chunk at a time as they are written (step_table.py)
+    out["step_categories"] = [] if table is None else table.rows(
+        {"device": "device", "step": "step", "category": "category", "ns": "duration_ns", "count": "count",
+         "exclusive_ns": "exclusive_ns"}, entry_id=entry_id)
     out["step_comm"] = _frame_rows(entry_id, b.per_step_comm, {"device": "device", "step": "step",
                                                                "category": "category", "collective_ns":
                                                                "collective_ns", "wait_ns": "wait_ns"})

@@ -35,14 +35,14 @@ def series(d: dict, per_step, per_step_category, limit: int = CHART_CATEGORIES) 
     steps = rows["step"].to_numpy(np.int64)
     out = [("step", rows["span_ns"].to_numpy(np.float64)),
            ("idle", (rows["span_ns"] - rows["busy_ns"]).to_numpy(np.float64))]
-    if per_step_category is None:
+    if per_step_category is None or per_step_category.exclusive_ns is None:
         return out
-    cats = per_step_category[per_step_category["device"] == d["device"]]
-    table = cats.pivot_table(index="step", columns="category", values="exclusive_ns", aggfunc="sum", fill_value=0)
-    table = table.reindex(steps, fill_value=0)
+    table = per_step_category.table(d["device"], steps, "exclusive_ns")  # step_table.py: steps x categories
+    ran = per_step_category.present(d["device"])
+    column = {name: j for j, name in enumerate(per_step_category.categories) if ran[j]}
     for c in [c["category"] for c in d.get("distributions", {}).get("categories", [])][:limit]:
-        if c in table.columns:
-            out.append((c, table[c].to_numpy(np.float64)))
+        if c in column:
+            out.append((c, table[:, column[c]].astype(np.float64)))
     return out
 
 
