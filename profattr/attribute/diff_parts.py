@@ -33,7 +33,8 @@ def family_split(A: dict, B: dict, cat: str, top: int = 8) -> dict:
     fa, fb = _families(A, cat), _families(B, cat)
     rows = []
     totals = {"added_ms": 0.0, "removed_ms": 0.0, "from_count_ms": 0.0, "from_duration_ms": 0.0}
-    for fam in set(fa) | set(fb):
+    # in a fixed order: the totals are float sums, and a set's order follows string hashing (it changes per run)
+    for fam in sorted(set(fa) | set(fb), key=lambda f: (f is None, str(f))):
         a, b = fa.get(fam), fb.get(fam)
         row = {"family": fam, "a_ms_per_step": a["ms"] if a else 0.0, "b_ms_per_step": b["ms"] if b else 0.0,
                "a_count_per_step": a["count"] if a else 0.0, "b_count_per_step": b["count"] if b else 0.0,
@@ -63,9 +64,9 @@ def kernel_rows(A: dict, B: dict, cat: str, top: int = 6) -> dict:
     """The category's kernels in A and B (by name), matched by role: same category; shared names pair up."""
     ka = {k["name"]: k for k in A["kernels"] if k["category"] == cat}
     kb = {k["name"]: k for k in B["kernels"] if k["category"] == cat}
-    shared = sorted(set(ka) & set(kb), key=lambda n: -abs(kb[n]["ms_per_step"] - ka[n]["ms_per_step"]))
-    only_a = sorted(set(ka) - set(kb), key=lambda n: -ka[n]["ms_per_step"])
-    only_b = sorted(set(kb) - set(ka), key=lambda n: -kb[n]["ms_per_step"])
+    shared = sorted(set(ka) & set(kb), key=lambda n: (-abs(kb[n]["ms_per_step"] - ka[n]["ms_per_step"]), n))
+    only_a = sorted(set(ka) - set(kb), key=lambda n: (-ka[n]["ms_per_step"], n))  # ties by name, not by hash
+    only_b = sorted(set(kb) - set(ka), key=lambda n: (-kb[n]["ms_per_step"], n))
     return {
         "shared": [{"name": n, "a_ms_per_step": ka[n]["ms_per_step"], "b_ms_per_step": kb[n]["ms_per_step"],
                     "a_count_per_step": ka[n]["count_per_step"], "b_count_per_step": kb[n]["count_per_step"]}
