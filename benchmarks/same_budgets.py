@@ -38,7 +38,8 @@ def dump(out: Path, root: Path, extra: list) -> None:
         # two dumps compare the same capture whichever of the two the folder held when each was made
         name = str(path.relative_to(root).with_suffix("")).replace(os.sep, "__") + ".json"
         run = subprocess.run([sys.executable, "-m", "profattr", "budget", str(path), "--format", "json",
-                              "--no-cache"] + extra, capture_output=True, env=env)
+                              "--no-cache"] + extra, capture_output=True, env=env,
+                             cwd=os.sep)  # not a checkout's folder: `-m` would import its profattr, not REPO's
         body = run.stdout if run.returncode == 0 else f"exit {run.returncode}\n".encode() + run.stderr
         (out / name).write_bytes(body)
         print(f"{name}: exit {run.returncode}, {len(run.stdout):,} bytes", flush=True)
