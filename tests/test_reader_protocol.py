@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from independent import sql as _sql
 from profattr.attribute.many import MergedSource
 from profattr.trace.cache import StoreSource, open_store
 from profattr.trace.kineto import KinetoTrace
@@ -25,14 +26,6 @@ SQLITE = ROOT / "examples/h200/sglang-triton-bs1.sqlite"
 TORCH = ROOT / "examples/h200/glm5-attach/glm-attach-bs1-r1-TP-0.trace.json.gz"
 MEMBERS = [name for name in dir(Reader) if not name.startswith("_")] + list(Reader.__annotations__)
 DATA = set(Reader.__annotations__) | {n for n in MEMBERS if isinstance(inspect.getattr_static(Reader, n, None), property)}
-
-
-def _sql(path, query, params=()):
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    try:
-        return conn.execute(query, params).fetchall()
-    finally:
-        conn.close()
 
 
 @pytest.mark.parametrize("cls", [Export, StoreSource, KinetoTrace, MergedSource])
