@@ -42,3 +42,22 @@ def file_key(path, salt: str) -> str:
             fh.seek(max(HASH_BYTES, st.st_size - HASH_BYTES))
             h.update(fh.read(HASH_BYTES))
     return h.hexdigest()[:32]
+
+
+SQLITE_HEAD = b"SQLite format 3\x00"
+
+
+def current_export(path) -> Path | None:
+    """The SQLite export a capture is read from, when it is there now: the file itself when it is one, or a
+    .nsys-rep's export beside it that is not older than it (trace/reader.py resolve_capture); else None."""
+    path = Path(path)
+    try:
+        if path.suffix in (".nsys-rep", ".qdrep"):
+            beside = path.with_suffix(".sqlite")
+            return beside if beside.is_file() and beside.stat().st_mtime >= path.stat().st_mtime else None
+        if not path.is_file():
+            return None
+        with path.open("rb") as fh:
+            return path if fh.read(len(SQLITE_HEAD)) == SQLITE_HEAD else None
+    except OSError:
+        return None  # the reader says what is wrong with it

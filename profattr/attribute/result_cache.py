@@ -23,7 +23,6 @@ from profattr import cache_keys, errors, inputs
 
 RESULT_VERSION = "1"
 MAX_ENTRIES = 256
-SQLITE_HEAD = b"SQLite format 3\x00"
 PACKAGE = Path(__file__).resolve().parents[1]
 _code_hash: list = []
 
@@ -46,21 +45,15 @@ def code_hash() -> str:
     return _code_hash[0]
 
 
-def export_of(capture) -> Path | None:
-    """The SQLite export a budget of `capture` reads, when it is there now: the file itself, or a .nsys-rep's export
-    beside it that is not older than it (trace/reader.py resolve_capture); else None (not cached)."""
-    path = Path(capture)
-    if inputs.file_or_folder(path) != "file":
+def _entry(capture, options: dict, rules, mapping) -> Path | None:
+    """The cache file of this budget, or None when it is not cached (not an export read now, or an input that is
+    not a file: the computation says what is wrong with it)."""
+    inputs.file_or_folder(capture)  # a missing capture is the reader's one-line error, before any key
+    export = cache_keys.current_export(capture)
+    if export is None or not all(Path(r).is_file() for r in rules) or (mapping is not None and
+                                                                         not Path(mapping).is_file()):
         return None
-    if path.suffix in (".nsys-rep", ".qdrep"):
-        beside = path.with_suffix(".sqlite")
-        fresh = beside.is_file() and beside.stat().st_mtime >= path.stat().st_mtime
-        return beside if fresh else None
-    try:
-        with path.open("rb") as fh:
-            return path if fh.read(len(SQLITE_HEAD)) == SQLITE_HEAD else None
-    except OSError:
-        return None  # the budget's own reader says what is wrong with it
+    return cache_keys.cache_root("budgets") / f"{_key(export, options, rules, mapping)}.json"
 
 
 def _key(export: Path, options: dict, rules, mapping) -> str:
@@ -75,27 +68,20 @@ def budget_result(capture, steps: str = "auto", rules=(), *, force: bool = False
     """The `profattr.budget/1` dict of compute_budget(capture, ...) (without per-step tables), from the result cache
     when it holds it (its warnings said again), else computed and stored."""
     options = {"steps": steps, "by": by, "layer_range": layer_range, "skip_steps": skip_steps}
-    entry = None
-    if enabled() and not force:
-        export = export_of(capture)
-        if export is not None and all(Path(r).is_file() for r in rules) and (
-                mapping is None or Path(mapping).is_file()):
-            entry = cache_keys.cache_root("budgets") / f"{_key(export, options, rules, mapping)}.json"
-            cached = _read(entry)
-            if cached is not None:
-                for line in cached["warnings"]:
-                    errors.warn(line)
-                return cached["budget"]
+    entry = _entry(capture, options, rules, mapping) if enabled() and not force else None
+    cached = _read(entry) if entry is not None else None
+    if cached is not None:
+        for line in cached["warnings"]:
+            errors.warn(line)
+        return cached["budget"]
     from profattr.attribute.budget import compute_budget
 
     with errors.recorded_warnings() as said:
         budget = compute_budget(capture, steps=steps, rules=rules, force=force, mapping=mapping, by=by,
                                 layer_range=layer_range, skip_steps=skip_steps, step_categories=False)
     text = json.dumps({"warnings": said, "budget": budget.to_dict()})
-    if entry is None and enabled():  # a .nsys-rep exported just now: its export is there from here on
-        export = export_of(capture)
-        if export is not None and all(Path(r).is_file() for r in rules):
-            entry = cache_keys.cache_root("budgets") / f"{_key(export, options, rules, mapping)}.json"
+    if entry is None and enabled():  # a .nsys-rep exported just now (or --force): its export is there now
+        entry = _entry(capture, options, rules, mapping)
     if entry is not None:
         _write(entry, text)
     return json.loads(text)["budget"]

@@ -304,21 +304,10 @@ def build_stores(paths) -> int:
 
 
 def _unstored_export(path) -> Path | None:
-    """The SQLite export a capture is read from when it is one that has no store in the cache yet (a .sqlite, or
-    a .nsys-rep's current export beside it), else None."""
-    from profattr.trace.reader import SQLITE_MAGIC
-
-    path = Path(path)
-    if path.suffix in (".nsys-rep", ".qdrep"):
-        beside = path.with_suffix(".sqlite")
-        path = beside if beside.is_file() and beside.stat().st_mtime >= path.stat().st_mtime else None
+    """The SQLite export a capture is read from (cache_keys.current_export) when it has no store in the cache yet."""
+    export = cache_keys.current_export(path)
     try:
-        if path is None or not path.is_file():
-            return None
-        with path.open("rb") as fh:
-            if fh.read(len(SQLITE_MAGIC)) != SQLITE_MAGIC:
-                return None
-        return None if (cache_root() / capture_key(path)).exists() else path
+        return None if export is None or (cache_root() / capture_key(export)).exists() else export
     except OSError:
         return None
 
