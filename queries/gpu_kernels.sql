@@ -8,7 +8,10 @@
 --   grid       = gridX << 32 | gridY << 16 | gridZ                       (trace/ops.py pack_grid)
 --   block      = blockX << 48 | blockY << 32 | blockZ << 16 | registersPerThread   (pack_block)
 --                (-1 when a value is missing or does not fit its bits: a shape is never wrapped into another)
--- {stream_id}, {graph_node_id}, {grid_x} ... {registers} are filled in by the reader (optional columns).
+-- {stream_id}, {graph_node_id}, {grid_x} ... {registers} are filled in by the reader (optional columns); {row_range}
+-- is 1 (every row) or a rowid range, so that ranges of rows can be fetched at once on several connections
+-- (trace/fetch.py ordered_blocks): rows come in rowid order either way. The name_pair fragment is empty or, for the op store's
+-- build, one more column (kernel_name_pair.sql).
 SELECT k.start,
        k."end",
        CASE WHEN k.deviceId BETWEEN 0 AND 2147483647 THEN k.deviceId ELSE -1 END,
@@ -24,4 +27,6 @@ SELECT k.start,
        CASE WHEN ({block_x}) BETWEEN 0 AND 32767 AND ({block_y}) BETWEEN 0 AND 32767
                  AND ({block_z}) BETWEEN 0 AND 32767 AND ({registers}) BETWEEN 0 AND 32767
             THEN (({block_x}) << 48) | (({block_y}) << 32) | (({block_z}) << 16) | ({registers}) ELSE -1 END
+       {name_pair}
 FROM CUPTI_ACTIVITY_KIND_KERNEL AS k
+WHERE {row_range}

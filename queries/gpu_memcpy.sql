@@ -10,4 +10,6 @@ SELECT m.start,
        {graph_node_id},
        -1,
        -1
+       {name_pair}
 FROM CUPTI_ACTIVITY_KIND_MEMCPY AS m
+WHERE {row_range}

@@ -8,4 +8,6 @@ SELECT m.start,
        {graph_node_id},
        -1,
        -1
+       {name_pair}
 FROM CUPTI_ACTIVITY_KIND_MEMSET AS m
+WHERE {row_range}

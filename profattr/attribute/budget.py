@@ -42,7 +42,7 @@ from profattr.attribute.windows import by_windows
 from profattr.taxonomy.classify import load_rules
 from profattr.taxonomy.ruleset import RuleSet
 from profattr.trace.ops import Ops
-from profattr.trace.cache import StoreSource
+from profattr.trace.cache import StoreSource, store_or_export
 from profattr.trace.protocol import is_reader
 from profattr.trace.source import open_trace
 # the types and the shared pieces live in budget_parts.py (windows.py builds from them too); importable here
@@ -134,17 +134,7 @@ def opened(capture, force: bool = False):
 
 def store_source(export):
     """The reader to compute with: an nsys export's op store (cached, trace/cache.py), else the reader itself."""
-    from profattr.trace.reader import Export
-
-    if isinstance(export, Export):
-        from profattr.trace.cache import open_store
-        from profattr.trace.reader import DamagedValues
-
-        try:
-            return open_store(export)
-        except (DamagedValues, TypeError, ValueError, OverflowError):
-            return export  # damaged rows: the export's own reader finds, counts and hides them (validate.py)
-    return export
+    return store_or_export(export)
 
 
 def _one_window(export, steps: str, ruleset, mapping: "Attribution | None" = None, skip_steps=None,

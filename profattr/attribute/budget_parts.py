@@ -10,6 +10,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
+from profattr.arrays import unique
 from profattr.attribute.distributions import device_distributions
 from profattr.attribute.graphs import STATUS_NAMES
 from profattr.attribute.nvtx import Ranges, enclosed
@@ -138,7 +139,7 @@ def _leading_to_skip(budget: Budget, skip_steps) -> int:
 def skip_remap(st: Steps, n: int, what: str):
     """(the steps without the first `n` of each thread, new index per old step index with -1 -> -1)."""
     keep = np.ones(len(st), dtype=bool)
-    for tid in np.unique(st.tid):
+    for tid in unique(st.tid):
         idx = np.flatnonzero(st.tid == tid)
         keep[idx[np.argsort(st.start[idx], kind="stable")][:n]] = False
     remap = np.full(len(st) + 1, -1, dtype=np.int64)

@@ -21,6 +21,8 @@ the slowest rank. Definitions (devices are ranks; one capture holds all ranks' p
 from __future__ import annotations
 
 import numpy as np
+
+from profattr.arrays import unique
 import pandas as pd
 
 COMM_PREFIX = "comm."
@@ -39,14 +41,14 @@ def collective_split(ops, step: np.ndarray, step_start: np.ndarray, category: np
     inside = step >= 0
     codes, names = pd.factorize(category)  # few distinct categories: test each name once, not each op
     is_comm = inside & np.array([str(c).startswith(COMM_PREFIX) for c in names], dtype=bool)[codes]
-    devices = sorted({int(d) for d in np.unique(ops.device[is_comm])})
+    devices = sorted({int(d) for d in unique(ops.device[is_comm])})
     if len(devices) < 2:
         return None
     # step rank k per device: order of the device's steps (those with any work on it) by CPU start
     frames = []
     for device in devices:
         on_dev = inside & (ops.device == device)
-        dev_steps = np.unique(step[on_dev])
+        dev_steps = unique(step[on_dev])
         dev_steps = dev_steps[np.argsort(step_start[dev_steps], kind="stable")]
         k_of_step = pd.Series(np.arange(len(dev_steps)), index=dev_steps)
         idx = np.flatnonzero(is_comm & (ops.device == device))

@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from profattr.arrays import unique
 from profattr.attribute.ns_sums import checked_ns
 from profattr.attribute.step_table import CellSums
 
@@ -105,7 +106,7 @@ def sweep(group: np.ndarray, cat: np.ndarray, start: np.ndarray, end: np.ndarray
     length[k_after <= 0] = 0  # between groups (and at a group's end) nothing runs
     ia, ib = pos[:n], pos[n:]
     rows_g, rows_c, rows_k, rows_ns = [], [], [], []
-    for k in np.unique(k_after[k_after > 0]).tolist():
+    for k in unique(k_after[k_after > 0]).tolist():
         prefix = np.zeros(2 * n + 1, dtype=np.int64)
         np.cumsum(np.where(k_after == k, length, 0), out=prefix[1:])
         ns = prefix[ib] - prefix[ia]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from profattr.arrays import unique
 from profattr.trace.nsys_graphs import gpu_intervals, graph_tracing, launch_gpu_starts
 
 NS_PER_US = 1e3
@@ -50,7 +51,7 @@ def launch_costs(source) -> dict | None:
         return None
     iv = gpu_intervals(source)
     wait = np.full(len(g["start"]), np.nan)
-    for device in np.unique(g["device"][seen]):
+    for device in unique(g["device"][seen]):
         mine = seen & (g["device"] == device)
         on = iv["device"] == device
         wait[mine] = _idle_before(iv["start"][on], iv["end"][on], g["gpu_start"][mine])

@@ -21,6 +21,7 @@ import re
 import numpy as np
 import pandas as pd
 
+from profattr.arrays import unique
 from profattr.attribute.graphs import STATUS_MAPPING
 
 DEFAULT_LAYER_PATTERN = r"(?<![A-Za-z0-9])layers?[._](?P<layer>\d+)(?!\d)"
@@ -71,7 +72,7 @@ def deepest(range_tid: np.ndarray, range_start: np.ndarray, range_end: np.ndarra
     out = np.full(len(t_ns), -1, dtype=np.int64)
     if len(range_start) == 0 or len(t_ns) == 0:
         return out
-    for thread in np.unique(range_tid):
+    for thread in unique(range_tid):
         idx = np.flatnonzero(range_tid == thread)
         idx = idx[np.lexsort((-range_end[idx], range_start[idx]))]  # outer before inner at equal starts
         starts, ends = range_start[idx], range_end[idx]

@@ -15,6 +15,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
+from profattr.arrays import unique
 from profattr.errors import ProfattrError
 from profattr.trace.ops import Ops
 
@@ -94,7 +95,7 @@ class MergedSource:
 
     def _remap(self, src, ids) -> dict:
         """Old string id -> merged id for the names `ids` of one source (the same id when the name agrees)."""
-        ids = sorted({int(x) for x in np.unique(ids) if x >= 0})
+        ids = sorted({int(x) for x in unique(ids) if x >= 0})
         values = src.strings(ids)
         by_value = {v: k for k, v in self._strings.items()}
         remap = {}

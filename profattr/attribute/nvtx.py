@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
+from profattr.arrays import unique
 import pandas as pd
 
 
@@ -66,7 +68,7 @@ def enclosed(range_tid: np.ndarray, range_start: np.ndarray, range_end: np.ndarr
     out = np.zeros(len(t_ns), dtype=bool)
     if len(range_start) == 0 or len(t_ns) == 0:
         return out
-    for thread in np.unique(range_tid):
+    for thread in unique(range_tid):
         sel = range_tid == thread
         order = np.argsort(range_start[sel], kind="stable")
         starts = range_start[sel][order]
@@ -92,7 +94,7 @@ def innermost(range_tid: np.ndarray, range_start: np.ndarray, range_end: np.ndar
     out = np.full(len(t_ns), -1, dtype=np.int64)
     if len(range_start) == 0 or len(t_ns) == 0:
         return out
-    for thread in np.unique(range_tid):
+    for thread in unique(range_tid):
         idx = np.flatnonzero(range_tid == thread)
         idx = idx[np.argsort(range_start[idx], kind="stable")]
         starts, ends = range_start[idx], range_end[idx]

@@ -17,6 +17,7 @@ import hashlib
 import json
 import os
 import tempfile
+import threading
 from pathlib import Path
 
 from profattr import cache_keys, errors, inputs
@@ -74,17 +75,60 @@ def budget_result(capture, steps: str = "auto", rules=(), *, force: bool = False
         for line in cached["warnings"]:
             errors.warn(line)
         return cached["budget"]
-    from profattr.attribute.budget import compute_budget
-
     with errors.recorded_warnings() as said:
-        budget = compute_budget(capture, steps=steps, rules=rules, force=force, mapping=mapping, by=by,
-                                layer_range=layer_range, skip_steps=skip_steps, step_categories=False)
+        budget = _computed(capture, rules, force, mapping, steps=steps, by=by, layer_range=layer_range,
+                           skip_steps=skip_steps, step_categories=False)
     text = json.dumps({"warnings": said, "budget": budget.to_dict()})
     if entry is None and enabled():  # a .nsys-rep exported just now (or --force): its export is there now
         entry = _entry(capture, options, rules, mapping)
     if entry is not None:
         _write(entry, text)
     return json.loads(text)["budget"]
+
+
+def _computed(capture, rules, force: bool, mapping, **options):
+    """compute_budget(capture, ...) on a miss. The capture is opened and its op store built (numpy and SQLite
+    only) while a thread imports the budget's modules (pandas is most of them) and compiles the shipped rules: the
+    two longest waits of a first look at a capture overlap. With --mapping, compute_budget opens both captures in
+    its own order."""
+    if mapping is not None:
+        from profattr.attribute.budget import compute_budget
+
+        return compute_budget(capture, rules=rules, force=force, mapping=mapping, **options)
+    loaded: dict = {}
+    thread = threading.Thread(target=_load_budget_modules, args=(loaded,), name="profattr-import", daemon=True)
+    thread.start()
+    from profattr.trace.cache import store_or_export
+    from profattr.trace.source import open_trace
+
+    try:
+        if rules:  # a bad rules file is said before the capture is read, as compute_budget does
+            from profattr.taxonomy.classify import load_rules
+
+            rules = load_rules(rules)
+        with open_trace(capture, force=force) as export:
+            reader = store_or_export(export)
+            try:
+                thread.join()
+                if "error" in loaded:
+                    raise loaded["error"]
+                return loaded["budget"].compute_budget(reader, rules=rules, **options)
+            finally:
+                if reader is not export:
+                    reader.close()
+    finally:
+        thread.join()
+
+
+def _load_budget_modules(loaded: dict) -> None:
+    try:
+        from profattr.attribute import budget
+        from profattr.taxonomy.classify import load_rules
+
+        load_rules()  # the shipped rules, compiled once per process (their cache)
+        loaded["budget"] = budget
+    except BaseException as exc:  # raised in the caller's thread
+        loaded["error"] = exc
 
 
 def _read(entry: Path) -> dict | None:

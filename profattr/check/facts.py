@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from profattr.arrays import unique
 from profattr.trace.ops import KIND_KERNEL, LOW32
 
 
@@ -24,9 +25,9 @@ class Facts:
 def gather(source, ops) -> Facts:
     kernel = ops.kind == KIND_KERNEL
     devices = []
-    for dev in np.unique(ops.device[kernel]) if kernel.any() else []:
+    for dev in unique(ops.device[kernel]) if kernel.any() else []:
         sel = kernel & (ops.device == dev)
-        devices.append({"deviceId": int(dev), "processes": int(len(np.unique(ops.launch_key[sel] >> 32))),
+        devices.append({"deviceId": int(dev), "processes": int(len(unique(ops.launch_key[sel] >> 32))),
                         "kernels": int(sel.sum()), "graph_node_kernels": int((ops.graph_node[sel] >= 0).sum()),
                         "first_start_ns": int(ops.start[sel].min()), "last_end_ns": int(ops.end[sel].max()),
                         "kernel_ns": int((ops.end[sel] - ops.start[sel]).sum())})
@@ -66,7 +67,7 @@ def correlation_gaps(keys: np.ndarray) -> dict:
     """Per process: the gaps in the sequence of correlation ids of its recorded CUDA calls. CUPTI numbers every
     call of a process; ids that never appear are calls the profiler did not record (or API kinds it does not
     trace): a gap far larger than the usual one means records were dropped."""
-    keys = np.unique(keys)  # sorted: each process's ids come in order, one run of keys per process
+    keys = unique(keys)  # sorted: each process's ids come in order, one run of keys per process
     out = {"processes": 0, "largest_gap": 0, "usual_gap": 0, "big_gaps": 0, "ids_in_big_gaps": 0, "span": 0}
     if not len(keys):
         return out

@@ -85,7 +85,8 @@ def check_first_calls(source, devices: list, run: RunRecord | None = None) -> Fi
         return Finding("first_calls", SKIP, "no kernels")
     keys = _config_keys(seq)
     order = np.lexsort([seq["start"]] + keys[::-1])
-    seq = {k: v[order] for k, v in seq.items()}
+    # only the columns read below are gathered (the key's are compared packed)
+    seq = {k: np.asarray(seq[k])[order] for k in ("start", "duration", "device", "name")}
     total_ns = int(seq["duration"].sum())
     key = np.stack([k[order] for k in keys], axis=1)
     starts = np.flatnonzero(np.r_[True, (key[1:] != key[:-1]).any(axis=1)])

@@ -22,6 +22,7 @@ import re
 import numpy as np
 import pandas as pd
 
+from profattr.arrays import unique
 from profattr.text import clean
 
 NS_PER_MS = 1e6
@@ -164,7 +165,7 @@ def sample_summary(gs, ge, gap_tid, samples: dict | None, names: dict, n_steps: 
     inside = in_gaps(gs, ge, gap_tid, samples["tid"], samples["start"])
     n = max(n_steps, 1)
     if period_ns is None:
-        threads = np.isin(samples["tid"], np.unique(gap_tid))
+        threads = np.isin(samples["tid"], unique(gap_tid))
         period_ns = sample_period(samples["tid"][threads], samples["start"][threads])
     idle = float((ge - gs).sum())
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from profattr.arrays import unique
 from profattr.attribute.budget import Budget
 from profattr.report import host_gaps
 from profattr.trace.source import open_trace
@@ -66,7 +67,7 @@ def _samples(source):
     samples = source.cpu_samples()
     if samples is None or not len(samples["tid"]):
         return None, {}, None
-    ids = np.unique(np.concatenate([samples[k] for k in ("leaf_symbol", "leaf_module", "py_symbol", "py_module")]))
+    ids = unique(np.concatenate([samples[k] for k in ("leaf_symbol", "leaf_module", "py_symbol", "py_module")]))
     return samples, source.strings(ids[ids >= 0]), source.sampling_period_ns()
 
 
@@ -116,7 +117,7 @@ def _device_stats(att, rows: np.ndarray, gaps: np.ndarray, largest: np.ndarray, 
     graph = att.ops.graph_node[rows] >= 0
     n_steps = max(len(steps), 1)
     positive = gaps[gaps > 0]
-    boundaries = max(len(start) - len(np.unique(step)), 1)
+    boundaries = max(len(start) - len(unique(step)), 1)
     per_step_calls = calls[steps].mean(axis=0) if calls is not None and len(steps) else None
     graph_ops = float(graph.sum()) / n_steps
     ops_per_step = float(len(start)) / n_steps

@@ -22,6 +22,7 @@ from typing import Sequence
 
 import numpy as np
 
+from profattr.arrays import unique
 from profattr import __version__
 from profattr.attribute.budget import Budget
 from profattr.errors import ProfattrError
@@ -119,9 +120,9 @@ def events(budget: Budget, step_range: tuple | None = None, api: dict | None = N
         yield from _meta(cpid, None, "process_name", f"GPU {device} categories", 2 * device + 1)
         yield from _meta(pid, STEPS_TID, "thread_name", "steps", 0)
         yield from _meta(pid, IDLE_TID, "thread_name", "idle", 1)
-        for k, s in enumerate(np.unique(ops.stream[sel])):
+        for k, s in enumerate(unique(ops.stream[sel])):
             yield from _meta(pid, int(s), "thread_name", f"stream {int(s)}", k + 2)
-        for c in sorted({str(att.combos["category"].iat[i]) for i in np.unique(att.combo[sel])}):
+        for c in sorted({str(att.combos["category"].iat[i]) for i in unique(att.combo[sel])}):
             yield from _meta(cpid, cat_tid[c], "thread_name", c, cat_tid[c])
         rows = budget.per_step.set_index(["device", "step"])
         chosen = rows.loc[[(device, int(k)) for k in steps]]

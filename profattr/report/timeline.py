@@ -16,6 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
+from profattr.arrays import unique
 from profattr.errors import ProfattrError
 from profattr.report import host_gaps
 from profattr.report.charts import IDLE_COLOR, OTHER_COLOR, PALETTE, _plt, _save, chosen_categories, safe_label
@@ -112,7 +113,7 @@ def write_timeline(groups: Sequence[tuple], path, device_budgets: Sequence[dict]
     else:
         cats = sorted({c for _, v in rows for c, _ in v["budget_ms"][:10]})
     colors = {c: PALETTE[i % len(PALETTE)] for i, c in enumerate(cats)}
-    heights = [len(np.unique(v["stream"])) + 2 for _, v in rows]
+    heights = [len(unique(v["stream"])) + 2 for _, v in rows]
     fig = plt.figure(figsize=(15, 1.2 + sum(0.42 * h + 0.9 for h in heights)))
     grid = fig.add_gridspec(len(rows), 2, width_ratios=(5.2, 1), height_ratios=heights, hspace=0.55, wspace=0.02)
     span_ms = max(v["span_ns"] for _, v in rows) / NS_PER_MS
@@ -128,12 +129,12 @@ def write_timeline(groups: Sequence[tuple], path, device_budgets: Sequence[dict]
 
 
 def _draw_step(ax, label: str, v: dict, colors: dict) -> None:
-    streams = np.unique(v["stream"])
+    streams = unique(v["stream"])
     lanes = {s: k + 2 for k, s in enumerate(streams)}
     start, dur = v["start"] / NS_PER_MS, (v["end"] - v["start"]) / NS_PER_MS
-    for c in np.unique(v["category"]):
+    for c in unique(v["category"]):
         sel = v["category"] == c
-        for s in np.unique(v["stream"][sel]):
+        for s in unique(v["stream"][sel]):
             both = sel & (v["stream"] == s)
             ax.broken_barh(list(zip(start[both], np.maximum(dur[both], 1e-4))), (lanes[s] - 0.4, 0.8),
                            facecolors=colors.get(c, OTHER_COLOR), linewidth=0)

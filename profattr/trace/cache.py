@@ -187,6 +187,19 @@ class StoreSource:
             shutil.rmtree(self.store.folder.parent, ignore_errors=True)
 
 
+def store_or_export(export):
+    """The reader to compute with: an nsys export's op store (cached), else the reader itself (another format, or
+    damaged rows, which the export's own reader finds, counts and hides: trace/validate.py)."""
+    from profattr.trace.reader import DamagedValues, Export
+
+    if not isinstance(export, Export):
+        return export
+    try:
+        return open_store(export)
+    except (DamagedValues, TypeError, ValueError, OverflowError):
+        return export
+
+
 def open_store(export) -> StoreSource:
     """The store of an open nsys export: from the cache (built there on a miss), or a temporary one."""
     if not enabled():

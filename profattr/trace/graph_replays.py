@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from profattr.arrays import unique
 from profattr.trace.ops import KIND_KERNEL, LOW32
 
 
@@ -76,11 +77,11 @@ def link(launch_key: np.ndarray, start: np.ndarray, graph_node: np.ndarray, laun
         return empty, empty, empty, empty, stats
     l_process = (launches["tid"] >> 24) & LOW32
     l_key = (l_process << 32) | (launches["correlation"] & LOW32)
-    named = np.unique(launch_key[~cand]) if named is None else named
+    named = unique(launch_key[~cand]) if named is None else named
     free = ~np.isin(l_key, named)  # launches no op names: the ones whose replays lack the id
     process = launch_key[rows] >> 32
     out_rows, out_keys, out_tids, out_starts, reasons = [], [], [], [], []
-    for p in np.unique(process):
+    for p in unique(process):
         r = rows[process == p]
         r = r[np.argsort(start[r], kind="stable")]
         gid = graph_id[r] if graph_id is not None else np.zeros(len(r), dtype=np.int64)
@@ -156,7 +157,7 @@ def graph_ids(export, launch_key: np.ndarray, start: np.ndarray, graph_node: np.
 def named_keys(launch_key: np.ndarray, kind: np.ndarray) -> np.ndarray:
     """The launch keys that kernels with a correlationId carry: a graph launch none of them names is one whose
     replayed kernels lack the id (its memcpy and memset nodes may still carry it)."""
-    return np.unique(launch_key[(kind == KIND_KERNEL) & ((launch_key & LOW32) != 0)])
+    return unique(launch_key[(kind == KIND_KERNEL) & ((launch_key & LOW32) != 0)])
 
 
 def apply(ops, launches: dict | None, graph_id: np.ndarray | None = None):

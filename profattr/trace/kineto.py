@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from profattr.arrays import unique
 from profattr import inputs
 from profattr.errors import ProfattrError
 from profattr.trace.jsonstream import JSONStreamError, members
@@ -330,7 +331,7 @@ class KinetoTrace:
 
     def ranges(self) -> pd.DataFrame:
         r = self._range_arrays
-        names = self.strings(np.unique(r["name"]))
+        names = self.strings(unique(r["name"]))
         return self.claims.ranges(pd.DataFrame({"start": r["start"], "end": r["end"], "tid": r["tid"],
                                                 "text": pd.Series([names[int(i)] for i in r["name"]], dtype=object),
                                                 "domain": ""}))
@@ -338,14 +339,14 @@ class KinetoTrace:
     def torch_ops(self) -> pd.DataFrame:
         """The torch operators (cpu_op events) as start, end, tid, text; empty when the trace recorded none."""
         r = self._op_arrays
-        names = self.strings(np.unique(r["name"]))
+        names = self.strings(unique(r["name"]))
         return pd.DataFrame({"start": r["start"], "end": r["end"], "tid": r["tid"],
                              "text": pd.Series([names[int(i)] for i in r["name"]], dtype=object)})
 
     def python_frames(self) -> pd.DataFrame:
         """The Python frames (python_function events) as start, end, tid, text; empty without with_stack."""
         r = self._frame_arrays
-        names = self.strings(np.unique(r["name"]))
+        names = self.strings(unique(r["name"]))
         return pd.DataFrame({"start": r["start"], "end": r["end"], "tid": r["tid"],
                              "text": pd.Series([names[int(i)] for i in r["name"]], dtype=object)})
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 import numpy as np
-import pandas as pd
 
+from profattr.arrays import unique
 from profattr.errors import ProfattrError
 from profattr.trace.ops import KIND_KERNEL, KIND_MEMCPY, KIND_MEMSET, LOW32, Ops
 from profattr.trace.nsys_sqlite import (KERNEL, MEMCPY, MEMSET, NVTX, RUNTIME, DamagedValues, NsysTables,
@@ -20,7 +20,9 @@ SHAPE_COLUMNS = {"grid_x": "gridX", "grid_y": "gridY", "grid_z": "gridZ", "block
 
 def _optional(export: NsysTables, table: str, alias: str) -> dict:
     out = {"graph_node_id": f"COALESCE({export.column_or(table, 'graphNodeId', alias, '-1')}, -1)",
-           "stream_id": f"COALESCE({export.column_or(table, 'streamId', alias, '0')}, 0)"}
+           "stream_id": f"COALESCE({export.column_or(table, 'streamId', alias, '0')}, 0)",
+           "row_range": "1",  # every row (trace/store_build.py fetches ranges of rows at once)
+           "name_pair": ""}  # no column more (the store's build asks for one: queries/kernel_name_pair.sql)
     # the launch shape (kernels only): -1 makes the packed value -1 when the export lacks a column
     out.update({key: f"COALESCE({export.column_or(table, col, alias, '-1')}, -1)" for key, col in SHAPE_COLUMNS.items()})
     return out
@@ -125,10 +127,10 @@ def _join_launches(export: NsysTables, op_key: np.ndarray):
     name_ids = ",".join(str(int(r[0])) for r in export.query(load_query("launch_call_names")))
     found = np.zeros(n, dtype=bool)
     if name_ids:
-        calls = export.arrays(load_query("launch_calls_by_name", name_ids=name_ids), ["key", "tid", "start"],
+        calls = export.arrays(load_query("launch_calls_by_name", name_ids=name_ids, row_range="1"), ["key", "tid", "start"],
                               max_rows=n + n // 8 + 1024)  # about one launch per op, some launches of nothing
         found = _match(calls, op_key, tid_out, ns_out)
-    missing = np.unique(op_key[~found] & LOW32)
+    missing = unique(op_key[~found] & LOW32)
     if len(missing):
         calls = export.arrays(load_query("launch_calls_for"), ["key", "tid", "start"],
                               params=(json.dumps(missing.tolist()),))
@@ -155,6 +157,8 @@ EMPTY_RANGES = {"start": np.int64, "end": np.int64, "tid": np.int64, "text": obj
 
 
 def empty_ranges() -> pd.DataFrame:
+    import pandas as pd
+
     return pd.DataFrame({k: pd.Series([], dtype=v) for k, v in EMPTY_RANGES.items()})
 
 
@@ -179,6 +183,8 @@ def range_rows(export: NsysTables):
 
 def ranges_frame(rows: list, domains: dict) -> pd.DataFrame:
     """The ranges frame of range_rows' output (also what the op store rebuilds it from)."""
+    import pandas as pd
+
     if not rows:
         return empty_ranges()
     frame = pd.DataFrame(rows, columns=["start", "end", "tid", "text", "domain_id"])
@@ -189,6 +195,8 @@ def ranges_frame(rows: list, domains: dict) -> pd.DataFrame:
 
 def with_domains(frame: pd.DataFrame, domains: dict) -> pd.DataFrame:
     """The ranges frame from one with start, end, tid, text, domain_id columns: the domain's name for its id."""
+    import pandas as pd
+
     if not domains:
         frame["domain"] = ""
         return frame.drop(columns="domain_id")

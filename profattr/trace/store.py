@@ -14,7 +14,6 @@ import os
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 from profattr.errors import ProfattrError
 from profattr.trace import nsys_tables
@@ -135,10 +134,12 @@ class OpStore:
                    self.column("launched", lo, hi))
 
     # --- the small tables, as the reader returns them ------------------------------------------------------------
-    def ranges(self) -> pd.DataFrame:
+    def ranges(self) -> "pd.DataFrame":
         """The NVTX ranges frame, built once from the stored columns (which are then let go: a long capture's
         ranges are held once, in the frame); each call gets a shallow copy of it."""
         if self._ranges is None:
+            import pandas as pd  # here: a store is built and opened before pandas is needed (budget_result)
+
             t = self.tables
             if "ranges_start" not in t or not len(t["ranges_start"]):
                 self._ranges = nsys_tables.empty_ranges()
@@ -187,6 +188,8 @@ class ColumnView:
 
 def _shared_strings(values: list) -> np.ndarray:
     """`values` (strings or None) as an object array holding one string object per distinct value."""
+    import pandas as pd
+
     codes, uniques = pd.factorize(np.array(values, dtype=object), use_na_sentinel=True)
     out = np.full(len(codes), None, dtype=object)
     known = codes >= 0

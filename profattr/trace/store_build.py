@@ -13,9 +13,10 @@ from pathlib import Path
 
 import numpy as np
 
-from profattr.trace import nsys_tables
+from profattr.arrays import unique
+from profattr.trace import fetch, nsys_tables
 from profattr.trace.ops import KIND_KERNEL, KIND_MEMCPY, KIND_MEMSET, LOW32, Ops
-from profattr.trace.reader import KERNEL, MEMCPY, MEMSET, RUNTIME, load_query
+from profattr.trace.reader import KERNEL, MEMCPY, MEMSET, RUNTIME, DamagedValues, load_query
 from profattr.trace.store import COLUMNS, FORMAT, OpStore, window_ops
 
 MIN_LAUNCH_MARGIN_NS = 2_000_000_000  # launch calls kept this long (or 4x the longest lag seen) behind the window
@@ -47,9 +48,8 @@ def build(export, folder: Path, size: int | None = None) -> OpStore:
 def _write_ops(export, folder: Path, size: int) -> int:
     if not export.has(KERNEL):
         nsys_tables.load_ops(export)  # raises the reader's own error (no kernel data, and why)
-    names = _Background(lambda: _query_alone(export, load_query("kernel_names")))  # SQLite's GROUP BY, in parallel
     files = {name: open(folder / f"ops.{name}.bin", "wb") for name in COLUMNS if name != "name_id"}
-    missing_rows, missing_keys = [], []
+    missing_rows, missing_keys, name_pairs = [], [], []
     written = 0
     segments = []  # [kind, first row, end row, rows in start order]
     try:
@@ -57,12 +57,20 @@ def _write_ops(export, folder: Path, size: int) -> int:
         sources += [(t, q, k, "m") for t, q, k in ((MEMCPY, "gpu_memcpy", KIND_MEMCPY),
                                                    (MEMSET, "gpu_memset", KIND_MEMSET)) if export.has(t)]
         for table, query, code, alias in sources:
-            sql = load_query(query, **nsys_tables._optional(export, table, alias))
-            launches = _LaunchStream(export)
+            # kernels bring their (demangled, short) name pair along (queries/kernel_name_pair.sql): no second scan
+            pair = ("\n" + load_query("kernel_name_pair")) if code == KIND_KERNEL else ", -1"
+            fragments = {**nsys_tables._optional(export, table, alias), "name_pair": pair}
+            blocks = _blocks_by_rows(export, table, alias, query, len(nsys_tables.PACKED_COLS) + 1, fetch.threads(),
+                                     **fragments)
+            # memory ops are few: their launch calls are looked up exactly at the end with the ops the join missed,
+            # instead of reading every launch call once more
+            launches = _LaunchStream(export if code == KIND_KERNEL else None)
             segment = [int(code), written, written, True]
             last_start = None
-            for block in _windows_of(export._blocks(sql, (), len(nsys_tables.PACKED_COLS)), size):
-                ops = _window_ops(block, code)
+            for block in _windows_of(blocks, size):
+                if code == KIND_KERNEL:
+                    name_pairs.append(unique(block[-1]))
+                ops = _window_ops(block[:-1], code)
                 if len(ops):
                     in_order = bool((ops.start[1:] >= ops.start[:-1]).all())
                     if not in_order or (last_start is not None and int(ops.start[0]) < last_start):
@@ -79,7 +87,7 @@ def _write_ops(export, folder: Path, size: int) -> int:
     finally:
         for fh in files.values():
             fh.close()
-    pairs = names.result()
+    pairs = _name_pairs(export, name_pairs)
     _write_short_names(folder, written, _short_name_table(pairs))
     rows = np.concatenate(missing_rows) if missing_rows else np.zeros(0, dtype=np.int64)
     keys = np.concatenate(missing_keys) if missing_keys else np.zeros(0, dtype=np.int64)
@@ -105,7 +113,7 @@ def _link_replays(export, folder: Path, rows: np.ndarray, keys: np.ndarray, writ
         for _ in range(0, written, size):
             named.append(graph_replays.named_keys(np.fromfile(keys_fh, dtype=COLUMNS["launch_key"], count=size),
                                                   np.fromfile(kinds_fh, dtype=COLUMNS["kind"], count=size)))
-    named = np.unique(np.concatenate(named)) if named else np.zeros(0, dtype=np.int64)
+    named = unique(np.concatenate(named)) if named else np.zeros(0, dtype=np.int64)
     graph_id = graph_replays.graph_ids(export, keys, start, graph_node)
     found, new_keys, tids, starts, stats = graph_replays.link(keys, start, graph_node,
                                                               nsys_tables.graph_launches(export), graph_id, named)
@@ -118,6 +126,18 @@ def _link_replays(export, folder: Path, rows: np.ndarray, keys: np.ndarray, writ
             mm.flush()
             del mm
     nsys_tables.note_replay_links(export, stats)
+
+
+def _blocks_by_rows(export, table: str, alias: str, query: str, ncols: int, workers: int, **fragments):
+    """The blocks of queries/<query>.sql over `table` in table order: through Arrow, a range of rowids per thread
+    on connections of their own (trace/fetch.py ordered_blocks); through the reader's own connection where damaged
+    rows are hidden by its views or Arrow is not installed."""
+    if fetch.method() != "adbc" or export.rows_checked:
+        return export._blocks(load_query(query, **{**fragments, "row_range": "1"}), (), ncols)
+    sql = load_query(query, **{**fragments, "row_range": f"{alias}.rowid BETWEEN ? AND ?"})
+    first, last = export.query(load_query("rowid_bounds", table=table))[0]
+    return fetch.ordered_blocks(export.path, sql, ncols, fetch.row_ranges(first, last), workers,
+                                lambda lo, hi: export._blocks(sql, (lo, hi), ncols))
 
 
 def _windows_of(blocks, size: int):
@@ -135,42 +155,19 @@ def _windows_of(blocks, size: int):
         yield np.concatenate(pending, axis=1) if len(pending) > 1 else pending[0]
 
 
-class _Background:
-    """Run a query in a thread (sqlite3 lets go of the GIL while SQLite works) and give its result on demand."""
-
-    def __init__(self, fn):
-        import threading
-
-        self.value, self.error = None, None
-        self.thread = threading.Thread(target=self._run, args=(fn,), daemon=True)
-        self.thread.start()
-
-    def _run(self, fn):
-        try:
-            self.value = fn()
-        except BaseException as exc:  # handed to the caller
-            self.error = exc
-
-    def result(self):
-        self.thread.join()
-        if self.error is not None:
-            raise self.error
-        return self.value
-
-
-def _query_alone(export, sql: str) -> list:
-    """`sql`'s rows through a connection of its own (read-only), so that it runs beside the main one."""
-    import sqlite3
-
-    if export.rows_checked:  # damaged rows are hidden by views of the reader's connection only
-        return export.query(sql)
-    conn = sqlite3.connect(f"{Path(export.path).resolve().as_uri()}?mode=ro&immutable=1", uri=True)
-    try:
-        return conn.execute(sql).fetchall()
-    except sqlite3.DatabaseError:
-        return export.query(sql)  # says what is wrong in the reader's words
-    finally:
-        conn.close()
+def _name_pairs(export, uniques: list) -> list:
+    """[(demangled id, short id)] as queries/kernel_names.sql gives them (the smallest short id of each demangled
+    id), from the name-pair column of every window."""
+    packed = unique(np.concatenate(uniques)) if uniques else np.zeros(0, dtype=np.int64)
+    if len(packed) and packed[0] == -2:
+        raise DamagedValues(f"{export.path}: a kernel row with neither a demangled nor a short name")
+    packed = packed[packed >= 0]
+    demangled, short = packed >> 32, packed & LOW32
+    first = np.ones(len(packed), dtype=bool)  # sorted by demangled, then short: the first of each is the smallest
+    first[1:] = demangled[1:] != demangled[:-1]
+    if len(packed) and (short[first] == LOW32).any():  # only short names that are no id (MIN gives NULL)
+        raise DamagedValues(f"{export.path}: a kernel name without a short name id that fits 31 bits")
+    return list(zip(demangled[first].tolist(), short[first].tolist()))
 
 
 def _short_name_table(pairs):
@@ -222,11 +219,12 @@ class _LaunchStream:
     """
 
     def __init__(self, export):
-        self.blocks = None
-        if export.has(RUNTIME):
+        self.blocks = None  # no export: no calls (every op is looked up exactly at the end)
+        if export is not None and export.has(RUNTIME):
             name_ids = ",".join(str(int(r[0])) for r in export.query(load_query("launch_call_names")))
             if name_ids:
-                self.blocks = export._blocks(load_query("launch_calls_by_name", name_ids=name_ids), (), 3)
+                # one thread reads the calls ahead while the ops are joined
+                self.blocks = _blocks_by_rows(export, RUNTIME, "r", "launch_calls_by_name", 3, 1, name_ids=name_ids)
         self.buf = np.zeros((3, 0), dtype=np.int64)  # key, tid, start
         self.max_lag = 0
 
@@ -283,7 +281,7 @@ def _patch_missing(export, folder: Path, rows: np.ndarray, keys: np.ndarray) -> 
     tid = np.full(len(rows), -1, dtype=np.int64)
     ns = np.full(len(rows), -1, dtype=np.int64)
     calls = export.arrays(load_query("launch_calls_for"), ["key", "tid", "start"],
-                          params=(json.dumps(np.unique(keys & LOW32).tolist()),))
+                          params=(json.dumps(unique(keys & LOW32).tolist()),))
     found = nsys_tables._match(calls, keys, tid, ns)
     if not found.any():
         return

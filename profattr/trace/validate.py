@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from profattr.arrays import unique
 from profattr.errors import ProfattrError, warn
 from profattr.trace.ops import KIND_KERNEL, KIND_MEMCPY, KIND_MEMSET, Ops
 
@@ -341,7 +342,7 @@ class Claims:
         ordered = end >= start
         keep = fits & inside & ordered
         if not keep.all():
-            for code in np.unique(ops.kind[~keep]):
+            for code in unique(ops.kind[~keep]):
                 of_kind = ops.kind == code
                 table = self.names.get(int(code), f"ops of kind {int(code)}")
                 self.record(table, "deviceId, streamId, name id or correlationId NULL, not an integer or beyond its range",
