@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from profattr.arrays import unique
+from profattr.errors import ProfattrError
 from profattr.trace import fetch, nsys_tables
 from profattr.trace.ops import KIND_KERNEL, KIND_MEMCPY, KIND_MEMSET, LOW32, Ops
 from profattr.trace.reader import KERNEL, MEMCPY, MEMSET, RUNTIME, DamagedValues, load_query
@@ -132,10 +133,16 @@ def _blocks_by_rows(export, table: str, alias: str, query: str, ncols: int, work
     """The blocks of queries/<query>.sql over `table` in table order: through Arrow, a range of rowids per thread
     on connections of their own (trace/fetch.py ordered_blocks); through the reader's own connection where damaged
     rows are hidden by its views or Arrow is not installed."""
-    if fetch.method() != "adbc" or export.rows_checked:
+    bounds = None
+    if fetch.method() == "adbc" and not export.rows_checked:
+        try:
+            bounds = export.query(load_query("rowid_bounds", table=table))[0]
+        except ProfattrError:  # a table without rowids (not as nsys writes it): read it whole
+            bounds = None
+    if bounds is None:
         return export._blocks(load_query(query, **{**fragments, "row_range": "1"}), (), ncols)
+    first, last = bounds
     sql = load_query(query, **{**fragments, "row_range": f"{alias}.rowid BETWEEN ? AND ?"})
-    first, last = export.query(load_query("rowid_bounds", table=table))[0]
     return fetch.ordered_blocks(export.path, sql, ncols, fetch.row_ranges(first, last), workers,
                                 lambda lo, hi: export._blocks(sql, (lo, hi), ncols))
 
