@@ -132,9 +132,7 @@ def opened(capture, force: bool = False):
                 reader.close()
 
 
-def store_source(export):
-    """The reader to compute with: an nsys export's op store (cached, trace/cache.py), else the reader itself."""
-    return store_or_export(export)
+store_source = store_or_export  # the reader to compute with (trace/cache.py); importable here too
 
 
 def _one_window(export, steps: str, ruleset, mapping: "Attribution | None" = None, skip_steps=None,

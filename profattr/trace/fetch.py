@@ -80,7 +80,7 @@ def adbc_blocks(conn, sql: str, params: Sequence, ncols: int) -> Iterator[np.nda
 
 def threads() -> int:
     """Threads that fetch at once: the cores this process may use, at most MAX_THREADS (PROFATTR_FETCH_THREADS
-    sets it; 1 fetches in the caller's thread)."""
+    sets it; with 1, one thread still fetches ahead of the caller)."""
     wanted = os.environ.get("PROFATTR_FETCH_THREADS", "")
     if wanted.strip().isdigit() and int(wanted) > 0:
         return int(wanted)
