@@ -1,5 +1,6 @@
 -- CUDA runtime/driver calls that put work on a GPU or wait for it, with their kind: 0 graph launch, 1 kernel launch,
--- 2 memory copy/set, 3 synchronization (any version suffix); other calls are left out.
+-- 2 memory copy/set, 3 synchronization (any version suffix); other calls are left out. In table order;
+-- {row_range} bounds the rowids read (trace/reader.py blocks_by_rows: ranges fetched at once).
 WITH kinds AS (
   SELECT id,
          CASE
@@ -14,4 +15,5 @@ WITH kinds AS (
 SELECT r.globalTid, r.start, r."end", k.kind
 FROM CUPTI_ACTIVITY_KIND_RUNTIME AS r
 JOIN kinds AS k ON k.id = r.nameId
-WHERE k.kind IS NOT NULL
+WHERE k.kind IS NOT NULL AND {row_range}
+ORDER BY r.rowid

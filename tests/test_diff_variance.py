@@ -110,6 +110,25 @@ def test_resampling_windows_widens_the_interval_and_covers_a_known_truth():
     assert hits_steps / len(seeds) <= 0.5
 
 
+@pytest.mark.parametrize("threads, chunk_cells", [("1", 1 << 22), ("2", 4096), ("3", 64), ("2", 1)])
+def test_step_bootstrap_draws_and_values_whatever_the_threads_and_chunks(threads, chunk_cells, monkeypatch):
+    """One replicate's step bootstrap, on one thread or several and in chunks of any size, gives exactly what one
+    draw of every resample at once gives, computed here with numpy directly."""
+    m = np.random.default_rng(3).gamma(2.0, 0.4, size=(301, 6))  # 301 steps: 5 components, then the span
+    names = [f"category:c{j}" for j in range(5)]
+    samples = 257
+    idx = np.random.default_rng(11).integers(0, len(m), size=(samples, len(m)))
+    want = np.empty((samples, len(names) + 2))
+    for j in range(len(names)):
+        want[:, j] = np.ascontiguousarray(m[:, j])[idx].mean(axis=1)
+    span = np.ascontiguousarray(m[:, -1])[idx]
+    want[:, -2], want[:, -1] = np.median(span, axis=1), span.mean(axis=1)
+    monkeypatch.setenv("PROFATTR_BOOTSTRAP_THREADS", threads)
+    monkeypatch.setattr(diff_stats, "BOOTSTRAP_CHUNK_CELLS", chunk_cells)
+    got = diff_stats._replicate_samples(m, names, np.random.default_rng(11), samples)
+    assert np.array_equal(got, want)
+
+
 def test_servers_are_resampled_above_their_windows():
     """Two servers of three windows each: resampling servers (the top level) widens the interval beyond
     resampling all six windows as if they were one server's, when the servers differ."""

@@ -18,38 +18,76 @@ GRAPH = "glm5-nvfp4/glm-nvfp4-graphtrace-bs1"
 
 
 def by_hand(path) -> dict:
-    """Median call time, call-to-GPU time and GPU idle before each launch's first GPU work, from the export's rows."""
+    """Median call time, call-to-GPU time and GPU idle before each launch's first GPU work, from the export's rows.
+    A launch's GPU work is that of its process with its correlationId (each process numbers its own calls)."""
     tables = {r[0] for r in sql(path, "SELECT name FROM sqlite_master WHERE type = 'table'")}
-    launches = sql(path, """SELECT r.start, r."end", r.correlationId FROM CUPTI_ACTIVITY_KIND_RUNTIME r
+    launches = sql(path, """SELECT r.start, r."end", r.correlationId, r.globalTid >> 24
+                            FROM CUPTI_ACTIVITY_KIND_RUNTIME r
                             JOIN StringIds s ON s.id = r.nameId WHERE s.value LIKE 'cudaGraphLaunch%'""")
-    first = {}
+    first, device = {}, {}
     kinds = ["CUPTI_ACTIVITY_KIND_KERNEL"] + (["CUPTI_ACTIVITY_KIND_GRAPH_TRACE"]
                                               if "CUPTI_ACTIVITY_KIND_GRAPH_TRACE" in tables else [])
-    intervals = []
+    intervals = {}
     for t in kinds + [x for x in ("CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET") if x in tables]:
-        for start, end, corr in sql(path, f'SELECT start, "end", correlationId FROM {t}'):
-            intervals.append((start, end))
+        for start, end, corr, process, dev in sql(path, f'SELECT start, "end", correlationId, globalPid >> 24, '
+                                                        f'deviceId FROM {t}'):
+            intervals.setdefault(dev, []).append((start, end))
             if t in kinds:
-                first[corr] = min(first.get(corr, start), start)
+                key = (process, corr)
+                first[key] = min(first.get(key, start), start)
+                device[key] = min(device.get(key, dev), dev)
     waits = []
-    for _s, _e, corr in launches:
-        g = first[corr]
-        if any(s < g < e for s, e in intervals):
+    for _s, _e, corr, process in launches:
+        g, on = first[(process, corr)], intervals[device[(process, corr)]]
+        if any(s < g < e for s, e in on):
             waits.append(0.0)
         else:
-            waits.append(g - max(e for s, e in intervals if e <= g))
-    return {"call_us": np.median([(e - s) / 1e3 for s, e, _ in launches]),
-            "call_to_gpu_us": np.median([(first[c] - s) / 1e3 for s, _e, c in launches]),
+            waits.append(g - max(e for s, e in on if e <= g))
+    return {"call_us": np.median([(e - s) / 1e3 for s, e, _, _ in launches]),
+            "call_to_gpu_us": np.median([(first[(p, c)] - s) / 1e3 for s, _e, c, p in launches]),
             "wait_us": np.median(waits) / 1e3, "launches": len(launches)}
 
 
-@pytest.mark.parametrize("name, tracing", [(NODE, "node"), (GRAPH, "graph")])
+# TWO_RANKS: two processes (tensor parallel 2), whose graph launches share correlationIds with the other rank's kernels
+TWO_RANKS = "wl-graph-grouped-tp2"
+
+
+@pytest.mark.parametrize("name, tracing", [(NODE, "node"), (GRAPH, "graph"), (TWO_RANKS, "node")])
 def test_launch_costs_match_the_rows(name, tracing, export_example):
     path = export_example(name)
     want, got = by_hand(path), costs_of(path)
     assert got["tracing"] == tracing and got["launches"] == want["launches"]
     for key in ("call_us", "call_to_gpu_us", "wait_us"):
         assert got[key] == pytest.approx(want[key], rel=1e-9), key
+
+
+@pytest.mark.parametrize("window_ops", [None, "97"])
+def test_launch_costs_from_the_op_store_and_from_sql_match_the_rows(window_ops, export_example, monkeypatch,
+                                                                    tmp_path):
+    """The per-node capture's launch costs read from its op store (a window of rows at a time: 97 rows cut the
+    capture into about 60 windows) and from SQL alone: both what the rows say."""
+    from profattr.attribute.graph_launch import launch_costs
+    from profattr.trace.cache import StoreSource, store_or_export
+    from profattr.trace.source import open_trace
+
+    monkeypatch.setenv("PROFATTR_CACHE", str(tmp_path / "cache"))
+    if window_ops:
+        monkeypatch.setenv("PROFATTR_WINDOW_OPS", window_ops)
+    path = export_example(NODE)
+    want = by_hand(path)
+    with open_trace(path) as export:
+        from_sql = launch_costs(export)
+        store = store_or_export(export)
+        assert isinstance(store, StoreSource)
+        if window_ops:
+            assert len(store.store.bounds()) > 50
+        from_store = launch_costs(store)
+        store.close()
+    for got in (from_sql, from_store):
+        assert got["tracing"] == "node" and got["launches"] == want["launches"]
+        for key in ("call_us", "call_to_gpu_us", "wait_us"):
+            assert got[key] == pytest.approx(want[key], rel=1e-9), key
+    assert from_store == from_sql
 
 
 def test_per_node_tracing_inflates_the_launch_and_most_of_the_wait(export_example):

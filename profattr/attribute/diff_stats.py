@@ -86,26 +86,74 @@ def step_matrix(side, device: int, names: list) -> np.ndarray | None:
     return np.stack(cols, axis=1) / NS_PER_MS
 
 
-BOOTSTRAP_CHUNK_CELLS = 1 << 22  # resampled cells (resamples x steps) drawn and worked on at once
+BOOTSTRAP_CHUNK_CELLS = 1 << 20  # resampled cells (resamples x steps) drawn and worked on at once: 8 MB of indices
+BOOTSTRAP_AHEAD = 2  # chunks drawn ahead of the ones being worked on (memory: a few chunks, not the whole draw)
 
 
 def _replicate_samples(m: np.ndarray, names: list, rng, samples: int) -> np.ndarray:
     """samples x (components, median span, mean span) of one replicate's step bootstrap. Resamples are drawn in
-    chunks of rows, which gives the very numbers one (samples x steps) draw would, so memory stays one chunk's
-    (a capture of 100k steps would otherwise need a matrix of gigabytes)."""
+    chunks of rows, which gives the very numbers one (samples x steps) draw would, so memory stays a few chunks'
+    (a capture of 100k steps would otherwise need a matrix of gigabytes). The draws stay in order on this thread;
+    each component's gather and mean of a chunk is a task of its own on the bootstrap's threads (numpy works
+    without Python's lock), and every value is computed by the same operations as on one thread."""
     n = len(m)
     columns = np.ascontiguousarray(m.T)  # each component contiguous: faster gathers, the same values
     out = np.empty((samples, len(names) + 2))
     chunk = max(1, BOOTSTRAP_CHUNK_CELLS // max(n, 1))
-    for lo in range(0, samples, chunk):
-        hi = min(samples, lo + chunk)
-        idx = rng.integers(0, n, size=(hi - lo, n))
-        for j in range(len(names)):
-            out[lo:hi, j] = columns[j][idx].mean(axis=1)
-        span = columns[-1][idx]
-        out[lo:hi, -2] = np.median(span, axis=1)
-        out[lo:hi, -1] = span.mean(axis=1)
+
+    def component(j: int, idx: np.ndarray, lo: int, hi: int) -> None:
+        out[lo:hi, j] = columns[j][idx].mean(axis=1)
+
+    def span(idx: np.ndarray, lo: int, hi: int) -> None:
+        values = columns[-1][idx]
+        out[lo:hi, -2] = np.median(values, axis=1)
+        out[lo:hi, -1] = values.mean(axis=1)
+
+    workers = threads()
+    if workers < 2 or samples <= chunk:
+        for lo in range(0, samples, chunk):
+            hi = min(samples, lo + chunk)
+            idx = rng.integers(0, n, size=(hi - lo, n))
+            for j in range(len(names)):
+                component(j, idx, lo, hi)
+            span(idx, lo, hi)
+        return out
+    from concurrent.futures import ThreadPoolExecutor
+
+    pending: list = []  # the tasks of each chunk in flight, oldest first
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="profattr-bootstrap") as pool:
+        try:
+            for lo in range(0, samples, chunk):
+                hi = min(samples, lo + chunk)
+                idx = rng.integers(0, n, size=(hi - lo, n))
+                tasks = [pool.submit(component, j, idx, lo, hi) for j in range(len(names))]
+                pending.append(tasks + [pool.submit(span, idx, lo, hi)])
+                while len(pending) > BOOTSTRAP_AHEAD:
+                    for task in pending.pop(0):
+                        task.result()
+            for tasks in pending:
+                for task in tasks:
+                    task.result()
+        finally:
+            for tasks in pending:  # an error in one task: the others are not started
+                for task in tasks:
+                    task.cancel()
     return out
+
+
+def threads() -> int:
+    """Threads of a bootstrap: the cores this process may use, at most 4 (PROFATTR_BOOTSTRAP_THREADS sets it; 1
+    works on the calling thread alone)."""
+    import os
+
+    wanted = os.environ.get("PROFATTR_BOOTSTRAP_THREADS", "")
+    if wanted.strip().isdigit() and int(wanted) > 0:
+        return int(wanted)
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    return max(1, min(4, cores))
 
 
 def server_key(run: RunRecord | None) -> tuple | None:

@@ -14,7 +14,8 @@ from __future__ import annotations
 import numpy as np
 
 from profattr.arrays import unique
-from profattr.trace.nsys_graphs import gpu_intervals, graph_tracing, launch_gpu_starts
+from profattr.trace.nsys_graphs import (GRAPH_TRACE, gpu_intervals, graph_tracing, launch_gpu_starts,
+                                        store_gpu_windows, store_launch_gpu_starts)
 
 NS_PER_US = 1e3
 # the wait before replays is confirmed without per-node tracing when the twin keeps at least this share of it
@@ -22,39 +23,63 @@ CONFIRM_SHARE = 0.5
 CONFIRM_MIN_US = 20.0
 
 
-def _idle_before(starts: np.ndarray, ends: np.ndarray, at: np.ndarray) -> np.ndarray:
+class IdleBefore:
     """For each time in `at`: how long the GPU was idle right before it (0 when an interval covers it or touches
-    it); NaN when no interval ended before it."""
-    s, e = np.sort(starts), np.sort(ends)
-    started = np.searchsorted(s, at, side="left")
-    ended = np.searchsorted(e, at, side="left")
-    running = started - ended > 0
-    prev = np.where(ended > 0, e[np.maximum(ended - 1, 0)], -1)
-    out = np.where(running, 0.0, (at - prev).astype(float))
-    out[(ended == 0) & ~running] = np.nan
-    return out
+    it); NaN when no interval ended before it. The GPU's intervals are added in any number of parts (`add`): the
+    intervals started and ended before a time, and the last end before it, add up over the parts."""
+
+    def __init__(self, at: np.ndarray):
+        self.at = at
+        self.started = np.zeros(len(at), dtype=np.int64)
+        self.ended = np.zeros(len(at), dtype=np.int64)
+        self.prev = np.full(len(at), -1, dtype=np.int64)
+
+    def add(self, starts: np.ndarray, ends: np.ndarray) -> None:
+        s, e = np.sort(starts), np.sort(ends)
+        self.started += np.searchsorted(s, self.at, side="left")
+        before = np.searchsorted(e, self.at, side="left")
+        self.ended += before
+        self.prev = np.where(before > 0, np.maximum(self.prev, e[np.maximum(before - 1, 0)]), self.prev)
+
+    def result(self) -> np.ndarray:
+        running = self.started - self.ended > 0
+        out = np.where(running, 0.0, (self.at - self.prev).astype(float))
+        out[(self.ended == 0) & ~running] = np.nan
+        return out
 
 
 def launch_costs(source) -> dict | None:
     """Medians over a capture's graph launches (µs): `call_us` on the host, `call_to_gpu_us` from the call to its
     first GPU work, `wait_us` the GPU's idle right before that work; with `tracing` (node or graph) and
-    `launches`. None for a capture without graph launches or one that is not an nsys export."""
+    `launches`. None for a capture without graph launches or one that is not an nsys export. From the capture's op
+    store where the reader has one and the export traced no whole-graph replays (read a window at a time), else
+    from SQL."""
+    store = getattr(source, "store", None)
     source = source.nsys_tables()
     if source is None:
         return None
     mode = graph_tracing(source)
-    g = launch_gpu_starts(source) if mode else None
+    if store is not None and not (source.has(GRAPH_TRACE) and source.count(GRAPH_TRACE)):
+        g = store_launch_gpu_starts(store) if mode else None
+        intervals = lambda: store_gpu_windows(store)  # noqa: E731
+    else:
+        g = launch_gpu_starts(source) if mode else None
+        intervals = lambda: [gpu_intervals(source)]  # noqa: E731
     if g is None:
         return None
     seen = g["gpu_start"] >= 0
     if not seen.any():
         return None
-    iv = gpu_intervals(source)
     wait = np.full(len(g["start"]), np.nan)
-    for device in unique(g["device"][seen]):
-        mine = seen & (g["device"] == device)
-        on = iv["device"] == device
-        wait[mine] = _idle_before(iv["start"][on], iv["end"][on], g["gpu_start"][mine])
+    devices = unique(g["device"][seen])
+    mine = {device: seen & (g["device"] == device) for device in devices}
+    idle = {device: IdleBefore(g["gpu_start"][mine[device]]) for device in devices}
+    for iv in intervals():
+        for device in devices:
+            on = iv["device"] == device
+            idle[device].add(iv["start"][on], iv["end"][on])
+    for device in devices:
+        wait[mine[device]] = idle[device].result()
     call = (g["end"] - g["start"]) / NS_PER_US
     to_gpu = (g["gpu_start"][seen] - g["start"][seen]) / NS_PER_US
     waits = wait[~np.isnan(wait)] / NS_PER_US
@@ -96,9 +121,16 @@ def describe(cost: dict) -> str:
 
 
 def costs_of(path) -> dict | None:
-    """launch_costs of the capture at `path` (a .sqlite export, or a .nsys-rep exported beside it)."""
+    """launch_costs of the capture at `path` (a .sqlite export, or a .nsys-rep exported beside it), from its op
+    store where it has one."""
+    from profattr.trace.cache import store_or_export
     from profattr.trace.reader import resolve_capture
     from profattr.trace.source import open_trace
 
     with open_trace(resolve_capture(path)) as source:
-        return launch_costs(source)
+        reader = store_or_export(source)
+        try:
+            return launch_costs(reader)
+        finally:
+            if reader is not source:
+                reader.close()

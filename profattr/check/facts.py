@@ -35,12 +35,14 @@ def gather(source, ops) -> Facts:
     calls = (int(len(api["kind"])), int((api["kind"] == 0).sum()))
     names = []
     if kernel.any():
-        ids, inverse = np.unique(ops.demangled_id[kernel], return_inverse=True)
+        demangled, short_ids = ops.demangled_id[kernel], ops.name_id[kernel]
+        ids = unique(demangled)  # sorted ids; each row's place among them (np.unique's inverse, by a search)
+        inverse = np.searchsorted(ids, demangled)
         counts = np.bincount(inverse)
         ns = np.bincount(inverse, weights=(ops.end - ops.start)[kernel])
-        # each name's short name as its last kernel row gives it (np.unique of the reversed rows: its last index)
-        demangled, short_ids = ops.demangled_id[kernel], ops.name_id[kernel]
-        last = len(demangled) - 1 - np.unique(demangled[::-1], return_index=True)[1]
+        # each name's short name as its last kernel row gives it
+        last = np.zeros(len(ids), dtype=np.int64)
+        np.maximum.at(last, inverse, np.arange(len(demangled)))
         short_of = dict(zip(ids.tolist(), short_ids[last].tolist()))
         strings = source.strings(list(ids) + [short_of[int(i)] for i in ids])
         for i, c, t in sorted(zip(ids.tolist(), counts.tolist(), ns.tolist()), key=lambda r: -r[2]):

@@ -18,6 +18,7 @@ from profattr import inputs
 from profattr.inputs import run_json_path  # noqa: F401 (NAME.run.json: inputs.py)
 from profattr.errors import ProfattrError
 # the table names, queries/ and DamagedValues live in nsys_sqlite.py (below the table readers); importable here too
+from profattr.trace import fetch
 from profattr.trace.nsys_sqlite import (KERNEL, MEMCPY, MEMSET, NVTX, QUERIES_DIR, RUNTIME,  # noqa: F401
                                         DamagedValues, load_query)
 
@@ -125,16 +126,18 @@ class Export:
         """process << 32 | correlationId of every recorded CUDA call (for the completeness check)."""
         if not self.has(RUNTIME):
             return np.zeros(0, dtype=np.int64)
-        return self._read(lambda: self.arrays(load_query("runtime_correlation"), ["key"],
-                                              max_rows=self.count(RUNTIME))["key"])
+        return self._read(lambda: columns_of(self.blocks_by_rows(RUNTIME, "r", "runtime_correlation", 1,
+                                                                 fetch.threads()), ["key"],
+                                             max_rows=self.count(RUNTIME))["key"])
 
     def api_calls(self) -> dict:
         """CUDA calls that launch, copy or wait: arrays tid, start, end, kind (0 graph, 1 kernel, 2 memory, 3 sync)."""
         if not self.has(RUNTIME):
             return {k: np.zeros(0, dtype=np.int64) for k in ("tid", "start", "end", "kind")}
         if self._api_calls is None:  # read-only arrays: the callers share them
-            calls = self._read(lambda: self.claims.events(self.arrays(load_query("api_calls"),
-                                                                      ["tid", "start", "end", "kind"]), "api_calls"))
+            names = ["tid", "start", "end", "kind"]
+            calls = self._read(lambda: self.claims.events(columns_of(self.blocks_by_rows(
+                RUNTIME, "r", "api_calls", len(names), fetch.threads()), names), "api_calls"))
             for values in calls.values():
                 values.setflags(write=False)
             self._api_calls = calls
@@ -186,18 +189,25 @@ class Export:
         the result plus one chunk. `max_rows`, when known (an upper bound), sizes the buffer once. NULLs must be
         replaced in SQL (COALESCE): integer columns only.
         """
-        buf = np.empty((len(names), max(int(max_rows or 0), 1)), dtype=np.int64)
-        filled = 0
-        for block in self._blocks(sql, params, len(names)):
-            n = block.shape[1]
-            if filled + n > buf.shape[1]:
-                # grow by a quarter: a doubling buffer of millions of rows would double the peak memory
-                grown = np.empty((len(names), max(buf.shape[1] + buf.shape[1] // 4, filled + n)), dtype=np.int64)
-                grown[:, :filled] = buf[:, :filled]
-                buf = grown
-            buf[:, filled:filled + n] = block
-            filled += n
-        return {name: buf[i, :filled] for i, name in enumerate(names)}
+        return columns_of(self._blocks(sql, params, len(names)), names, max_rows)
+
+    def blocks_by_rows(self, table: str, alias: str, query: str, ncols: int, workers: int, **fragments):
+        """The blocks of queries/<query>.sql over `table` in table order (its `{row_range}` bounds `alias`'s
+        rowids): through Arrow, a range of rowids per thread on connections of their own (trace/fetch.py
+        ordered_blocks); through this connection where damaged rows are hidden by its views, Arrow is not
+        installed, or the table has no rowids."""
+        bounds = None
+        if fetch.method() == "adbc" and not self._rows_checked:
+            try:
+                bounds = self.query(load_query("rowid_bounds", table=table))[0]
+            except ProfattrError:  # a table without rowids (not as nsys writes it): read it whole
+                bounds = None
+        if bounds is None:
+            return self._blocks(load_query(query, **{**fragments, "row_range": "1"}), (), ncols)
+        first, last = bounds
+        sql = load_query(query, **{**fragments, "row_range": f"{alias}.rowid BETWEEN ? AND ?"})
+        return fetch.ordered_blocks(self.path, sql, ncols, fetch.row_ranges(first, last), workers,
+                                    lambda lo, hi: self._blocks(sql, (lo, hi), ncols))
 
     def arrays_into(self, sql: str, buf: np.ndarray, offset: int, params: Sequence = ()) -> int:
         """Run `sql` and write its integer columns into rows of `buf` (columns x rows) from column `offset`;
@@ -211,8 +221,6 @@ class Export:
     def _blocks(self, sql: str, params: Sequence, ncols: int):
         """The query's rows as (ncols x chunk) int64 blocks, a chunk at a time (trace/fetch.py: through Arrow when
         ADBC's SQLite driver is installed, else sqlite3; the same values either way)."""
-        from profattr.trace import fetch
-
         done = 0
         # damaged rows are hidden by TEMP views of this connection (validate.hide_damaged_rows): then sqlite3 only
         if fetch.method() == "adbc" and not self._rows_checked:
@@ -394,3 +402,19 @@ def resolve_capture(path, force: bool = False, nsys: str | None = None, kind: st
 
     nsys_tool.export_sqlite(path, out, nsys=nsys, force=True)
     return out
+
+
+def columns_of(blocks, names: Sequence[str], max_rows: int | None = None) -> dict:
+    """(len(names) x n) int64 blocks gathered into one contiguous array per column (Export.arrays)."""
+    buf = np.empty((len(names), max(int(max_rows or 0), 1)), dtype=np.int64)
+    filled = 0
+    for block in blocks:
+        n = block.shape[1]
+        if filled + n > buf.shape[1]:
+            # grow by a quarter: a doubling buffer of millions of rows would double the peak memory
+            grown = np.empty((len(names), max(buf.shape[1] + buf.shape[1] // 4, filled + n)), dtype=np.int64)
+            grown[:, :filled] = buf[:, :filled]
+            buf = grown
+        buf[:, filled:filled + n] = block
+        filled += n
+    return {name: buf[i, :filled] for i, name in enumerate(names)}

@@ -61,7 +61,7 @@ def _write_ops(export, folder: Path, size: int) -> int:
             # kernels bring their (demangled, short) name pair along (queries/kernel_name_pair.sql): no second scan
             pair = ("\n" + load_query("kernel_name_pair")) if code == KIND_KERNEL else ", -1"
             fragments = {**nsys_tables._optional(export, table, alias), "name_pair": pair}
-            blocks = _blocks_by_rows(export, table, alias, query, len(nsys_tables.PACKED_COLS) + 1, fetch.threads(),
+            blocks = export.blocks_by_rows(table, alias, query, len(nsys_tables.PACKED_COLS) + 1, fetch.threads(),
                                      **fragments)
             # memory ops are few: their launch calls are looked up exactly at the end with the ops the join missed,
             # instead of reading every launch call once more
@@ -127,24 +127,6 @@ def _link_replays(export, folder: Path, rows: np.ndarray, keys: np.ndarray, writ
             mm.flush()
             del mm
     nsys_tables.note_replay_links(export, stats)
-
-
-def _blocks_by_rows(export, table: str, alias: str, query: str, ncols: int, workers: int, **fragments):
-    """The blocks of queries/<query>.sql over `table` in table order: through Arrow, a range of rowids per thread
-    on connections of their own (trace/fetch.py ordered_blocks); through the reader's own connection where damaged
-    rows are hidden by its views or Arrow is not installed."""
-    bounds = None
-    if fetch.method() == "adbc" and not export.rows_checked:
-        try:
-            bounds = export.query(load_query("rowid_bounds", table=table))[0]
-        except ProfattrError:  # a table without rowids (not as nsys writes it): read it whole
-            bounds = None
-    if bounds is None:
-        return export._blocks(load_query(query, **{**fragments, "row_range": "1"}), (), ncols)
-    first, last = bounds
-    sql = load_query(query, **{**fragments, "row_range": f"{alias}.rowid BETWEEN ? AND ?"})
-    return fetch.ordered_blocks(export.path, sql, ncols, fetch.row_ranges(first, last), workers,
-                                lambda lo, hi: export._blocks(sql, (lo, hi), ncols))
 
 
 def _windows_of(blocks, size: int):
@@ -231,7 +213,7 @@ class _LaunchStream:
             name_ids = ",".join(str(int(r[0])) for r in export.query(load_query("launch_call_names")))
             if name_ids:
                 # one thread reads the calls ahead while the ops are joined
-                self.blocks = _blocks_by_rows(export, RUNTIME, "r", "launch_calls_by_name", 3, 1, name_ids=name_ids)
+                self.blocks = export.blocks_by_rows(RUNTIME, "r", "launch_calls_by_name", 3, 1, name_ids=name_ids)
         self.buf = np.zeros((3, 0), dtype=np.int64)  # key, tid, start
         self.max_lag = 0
 
