@@ -14,8 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from profattr.arrays import unique
-from profattr.trace.nsys_graphs import (GRAPH_TRACE, gpu_intervals, graph_tracing, launch_gpu_starts,
-                                        store_gpu_windows, store_launch_gpu_starts)
+from profattr.trace.nsys_graphs import graph_tracing
 
 NS_PER_US = 1e3
 # the wait before replays is confirmed without per-node tracing when the twin keeps at least this share of it
@@ -51,20 +50,13 @@ class IdleBefore:
 def launch_costs(source) -> dict | None:
     """Medians over a capture's graph launches (µs): `call_us` on the host, `call_to_gpu_us` from the call to its
     first GPU work, `wait_us` the GPU's idle right before that work; with `tracing` (node or graph) and
-    `launches`. None for a capture without graph launches or one that is not an nsys export. From the capture's op
-    store where the reader has one and the export traced no whole-graph replays (read a window at a time), else
-    from SQL."""
-    store = getattr(source, "store", None)
-    source = source.nsys_tables()
-    if source is None:
+    `launches`. None for a capture without graph launches or one that is not an nsys export. The reader gives the
+    launches and the GPU's intervals (from its op store a window at a time where it has one, else by SQL)."""
+    tables = source.nsys_tables()
+    if tables is None:
         return None
-    mode = graph_tracing(source)
-    if store is not None and not (source.has(GRAPH_TRACE) and source.count(GRAPH_TRACE)):
-        g = store_launch_gpu_starts(store) if mode else None
-        intervals = lambda: store_gpu_windows(store)  # noqa: E731
-    else:
-        g = launch_gpu_starts(source) if mode else None
-        intervals = lambda: [gpu_intervals(source)]  # noqa: E731
+    mode = graph_tracing(tables)
+    g = source.launch_gpu_starts() if mode else None
     if g is None:
         return None
     seen = g["gpu_start"] >= 0
@@ -74,7 +66,7 @@ def launch_costs(source) -> dict | None:
     devices = unique(g["device"][seen])
     mine = {device: seen & (g["device"] == device) for device in devices}
     idle = {device: IdleBefore(g["gpu_start"][mine[device]]) for device in devices}
-    for iv in intervals():
+    for iv in source.gpu_interval_windows():
         for device in devices:
             on = iv["device"] == device
             idle[device].add(iv["start"][on], iv["end"][on])

@@ -206,6 +206,12 @@ class MergedSource:
     def nsys_tables(self):
         return None  # several exports: no one set of SQL tables
 
+    def launch_gpu_starts(self):
+        return None  # graph launch costs are a capture's own
+
+    def gpu_interval_windows(self):
+        return iter(())
+
     def close(self) -> None:
         for s in self.sources:
             s.close()

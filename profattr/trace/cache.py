@@ -152,6 +152,27 @@ class StoreSource:
     def nsys_tables(self):
         return self.export
 
+    def launch_gpu_starts(self):
+        """From the store, a window of rows at a time (trace/nsys_graphs.py), unless the export traced whole-graph
+        replays (a table the store does not hold): then the export's SQL."""
+        from profattr.trace import nsys_graphs
+
+        if self._graph_traced():
+            return self.export.launch_gpu_starts()
+        return nsys_graphs.store_launch_gpu_starts(self.store)
+
+    def gpu_interval_windows(self):
+        from profattr.trace import nsys_graphs
+
+        if self._graph_traced():
+            return self.export.gpu_interval_windows()
+        return nsys_graphs.store_gpu_windows(self.store)
+
+    def _graph_traced(self) -> bool:
+        from profattr.trace.nsys_graphs import GRAPH_TRACE
+
+        return bool(self.export.has(GRAPH_TRACE) and self.export.count(GRAPH_TRACE))
+
     def api_calls(self) -> dict:
         return self.export.api_calls()
 

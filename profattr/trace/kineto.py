@@ -380,6 +380,12 @@ class KinetoTrace:
     def nsys_tables(self):
         return None  # no SQL tables: not an nsys export
 
+    def launch_gpu_starts(self):
+        return None  # graph launch costs are read from nsys exports only
+
+    def gpu_interval_windows(self):
+        return iter(())
+
     def record_span(self) -> tuple:
         starts = [a["start"].min() for a in (self._api_arrays, self._range_arrays) if len(a["start"])]
         ends = [a["end"].max() for a in (self._api_arrays, self._range_arrays) if len(a["end"])]

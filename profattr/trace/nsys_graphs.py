@@ -8,12 +8,12 @@ import numpy as np
 
 from profattr.arrays import unique
 from profattr.trace.ops import KIND_KERNEL, LOW32
-from profattr.trace.reader import KERNEL, MEMCPY, MEMSET, RUNTIME, Export, load_query
+from profattr.trace.nsys_sqlite import KERNEL, MEMCPY, MEMSET, RUNTIME, NsysTables, load_query
 
 GRAPH_TRACE = "CUPTI_ACTIVITY_KIND_GRAPH_TRACE"
 
 
-def graph_tracing(export: Export) -> str | None:
+def graph_tracing(export: NsysTables) -> str | None:
     """How the export traced graph replays: "graph" (one activity per replay), "node" (its kernels, with graph
     node ids), or None (no graph launch recorded)."""
     launches = export.query("SELECT count(*) FROM StringIds WHERE value LIKE 'cudaGraphLaunch%' "
@@ -25,7 +25,7 @@ def graph_tracing(export: Export) -> str | None:
     return "node"
 
 
-def launch_gpu_starts(export: Export) -> dict | None:
+def launch_gpu_starts(export: NsysTables) -> dict | None:
     """Arrays start, end (the call on the host), tid, gpu_start, device (-1 where no GPU work was found) of every
     graph launch, in call order; None without kernels or launch calls."""
     if not (export.has(RUNTIME) and export.has(KERNEL)):
@@ -37,7 +37,7 @@ def launch_gpu_starts(export: Export) -> dict | None:
     return out if len(out["start"]) else None
 
 
-def gpu_intervals(export: Export) -> dict:
+def gpu_intervals(export: NsysTables) -> dict:
     """Arrays start, end, device of every GPU activity (kernels, memory copies and sets, whole-graph replays)."""
     union = "UNION ALL SELECT start, \"end\", deviceId FROM {}"
     return export.arrays(load_query(

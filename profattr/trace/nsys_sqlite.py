@@ -1,7 +1,7 @@
 """The low end of reading an nsys SQLite export: its table names, the SQL of queries/, the error for values an integer
 column cannot hold, and the interface (NsysTables) that the table readers (nsys_tables.py, nsys_samples.py,
-graph_replays.py) use on an open export. reader.Export opens the file and implements NsysTables; the table readers
-import only this module, so the reader and its table readers import in one direction."""
+graph_replays.py, nsys_graphs.py) use on an open export. reader.Export opens the file and implements NsysTables;
+the table readers import only this module, so the reader and its table readers import in one direction."""
 from __future__ import annotations
 
 from pathlib import Path

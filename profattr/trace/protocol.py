@@ -78,6 +78,14 @@ class Reader(Protocol):
         """The export's SQL tables, for the nsys-only questions (diagnostics, driver version, NVTX event types,
         CUDA-graph launch SQL); None for torch traces and merged ranks."""
 
+    def launch_gpu_starts(self) -> Optional[dict]:
+        """Every CUDA-graph launch call with the first GPU work it launched (arrays start, end, tid, gpu_start,
+        device: trace/nsys_graphs.py); None without graph launches or where the format does not link them."""
+
+    def gpu_interval_windows(self):
+        """Arrays start, end, device of every GPU activity, in parts (windows of rows) that together hold each
+        once; none where the format has no such table."""
+
     def close(self) -> None:
         """Let go of what the reader holds (files, temporary stores)."""
 

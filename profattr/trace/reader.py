@@ -60,6 +60,16 @@ class Export:
     def nsys_tables(self) -> "Export":
         return self
 
+    def launch_gpu_starts(self) -> dict | None:
+        from profattr.trace.nsys_graphs import launch_gpu_starts
+
+        return launch_gpu_starts(self)
+
+    def gpu_interval_windows(self):
+        from profattr.trace.nsys_graphs import gpu_intervals
+
+        yield gpu_intervals(self)
+
     def time_windows(self, size: int | None = None):
         return None  # every op at once: the windows come from its op store (cache.py StoreSource)
 

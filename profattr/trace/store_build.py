@@ -62,7 +62,7 @@ def _write_ops(export, folder: Path, size: int) -> int:
             pair = ("\n" + load_query("kernel_name_pair")) if code == KIND_KERNEL else ", -1"
             fragments = {**nsys_tables._optional(export, table, alias), "name_pair": pair}
             blocks = export.blocks_by_rows(table, alias, query, len(nsys_tables.PACKED_COLS) + 1, fetch.threads(),
-                                     **fragments)
+                                           **fragments)
             # memory ops are few: their launch calls are looked up exactly at the end with the ops the join missed,
             # instead of reading every launch call once more
             launches = _LaunchStream(export if code == KIND_KERNEL else None)
