@@ -14,6 +14,7 @@ from click.testing import CliRunner
 
 from conftest import EXAMPLES, SGLANG_CAPTURES, SGLANG_EAGER_CAPTURES, WORKLOAD_CAPTURES
 from profattr.attribute.budget import _one_window, compute_budget
+from profattr.cli import cli
 from profattr.taxonomy.classify import load_rules
 from profattr.trace import cache, store, store_build
 from profattr.trace.reader import open_export
@@ -143,8 +144,6 @@ def test_cache_is_bounded_least_recently_used_first(tmp_path, cache_dir, monkeyp
 
 
 def test_no_cache_option_and_variable(tmp_path, cache_dir, monkeypatch):
-    from profattr.cli import cli
-
     capture = tmp_path / "sglang-triton-bs1.sqlite"
     shutil.copyfile(EXAMPLES / capture.name, capture)
     try:
@@ -214,3 +213,40 @@ def test_several_exports_are_stored_at_once_and_read_from_the_cache(tmp_path, ca
             assert source.cached
             source.close()
         _same_budget(reference, compute_budget(path))
+
+
+def test_one_export_is_stored_while_the_command_imports(tmp_path, cache_dir, monkeypatch):
+    """store_while (diff of one capture file): the one export without a store is stored here while `work` runs on
+    a thread; with two unstored exports, or the cache off, nothing is built; `work`'s error is raised; and
+    `profattr diff` of a file with itself leaves its store in the cache with the diff the one read from SQLite."""
+    import threading
+
+    names = ["sglang-triton-bs1", "sglang-triton_kernel-bs1"]
+    paths = []
+    for name in names:
+        paths.append(tmp_path / f"{name}.sqlite")
+        shutil.copyfile(EXAMPLES / f"{name}.sqlite", paths[-1])
+    entries = lambda: {p.name for p in (cache_dir / "opstore").iterdir()  # noqa: E731
+                       if not p.name.startswith(".")} if (cache_dir / "opstore").exists() else set()
+    ran = []
+    cache.store_while([str(paths[0]), str(paths[1]), "no-such-*.sqlite"], lambda: ran.append(1))
+    assert ran == [1] and entries() == set()  # two to store: the command's own processes read them
+    monkeypatch.setenv("PROFATTR_NO_CACHE", "1")
+    cache.store_while([str(paths[0])], lambda: ran.append(threading.current_thread().name))
+    assert ran[-1] == "profattr-import" and entries() == set()
+    monkeypatch.delenv("PROFATTR_NO_CACHE")
+    cache.store_while([str(paths[0]), str(paths[0])], lambda: ran.append(2))
+    assert ran[-1] == 2 and entries() == {cache.capture_key(paths[0])}
+
+    def broken():
+        raise RuntimeError("import failed")
+
+    with pytest.raises(RuntimeError, match="import failed"):
+        cache.store_while([str(paths[1])], broken)
+    assert entries() == {cache.capture_key(p) for p in paths}  # the store was still built
+    args = ["diff", str(paths[1]), str(paths[1]), "--format", "json", "--samples", "50"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    monkeypatch.setenv("PROFATTR_NO_CACHE", "1")
+    uncached = CliRunner().invoke(cli, args)
+    assert uncached.exit_code == 0 and json.loads(uncached.output) == json.loads(result.output)

@@ -173,3 +173,24 @@ def test_finish_on_a_copy_measures_timing_and_records_no_paths(tmp_path, export_
     assert str(tmp_path) not in json.dumps(run) and "/root" not in json.dumps(run["finished_with"])
     overhead = next(f for f in run["check"]["findings"] if f["check"] == "overhead")
     assert overhead["status"] == "pass"
+
+
+@pytest.mark.parametrize("name", ["sglang-triton-bs1", "wl-graph-grouped-tp2", "wl-eager-loop"])
+def test_first_call_order_is_numpys_lexsort_of_the_kernel_rows(name, export_example):
+    """The first-call check puts every kernel in (launch configuration, start) order: on the kernel rows as SQL
+    gives them (any order: the lexsort) and sorted by start (as the op store holds them: one stable sort of a
+    configuration rank), the order and the configurations' runs are those of np.lexsort over the nine columns."""
+    import numpy as np
+
+    from profattr.check.timing import _config_keys, _config_order
+
+    rows = np.array(sql(export_example(name), 'SELECT deviceId, COALESCE(demangledName, shortName), gridX, gridY, '
+                                              'gridZ, blockX, blockY, blockZ, start FROM CUPTI_ACTIVITY_KIND_KERNEL'),
+                    dtype=np.int64)
+    shuffled = rows[np.random.default_rng(0).permutation(len(rows))]
+    for rows in (shuffled, shuffled[np.argsort(shuffled[:, 8], kind="stable")]):
+        seq = {c: rows[:, i] for i, c in enumerate(["device", "name", "gx", "gy", "gz", "bx", "by", "bz", "start"])}
+        want = np.lexsort([rows[:, i] for i in (8, 7, 6, 5, 4, 3, 2, 1, 0)])
+        runs = np.flatnonzero(np.r_[True, (rows[want][1:, :8] != rows[want][:-1, :8]).any(axis=1)])
+        order, starts = _config_order(seq["start"], _config_keys(seq))
+        assert np.array_equal(order, want) and np.array_equal(starts, runs)

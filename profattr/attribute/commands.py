@@ -174,10 +174,9 @@ def diff(captures, steps, skip_steps, rules, fmt, changed, samples, mapping_a, m
     """
     import json
 
-    from profattr.attribute.diff import compute_diff, load_sides
     from profattr.errors import ProfattrError
-    from profattr.report import diff_view
     from profattr.text import clean_tree
+    from profattr.trace.cache import store_while
 
     group_b = click.get_current_context().meta.get("profattr_group_b")
     if group_b is not None:
@@ -197,8 +196,13 @@ def diff(captures, steps, skip_steps, rules, fmt, changed, samples, mapping_a, m
 
     gate_rules = parse_fail_on(fail_on)  # a bad threshold is an error before the slow part
     by = "layer" if layer_range is not None else by
+    store_while([*(a if isinstance(a, list) else [a]), *(b if isinstance(b, list) else [b])], _diff_modules)
+    from profattr.attribute.diff import compute_diff, load_sides
+
     side_a, side_b = load_sides(a, b, steps, rules, mapping_a, mapping_b, by, layer_range, skip_steps)
     result = compute_diff(side_a, side_b, samples=samples, changed=changed, min_windows=min_windows)
+    from profattr.report import diff_view
+
     if fmt == "json":  # names exactly as captured, escaped by JSON
         text = json.dumps(result, indent=2)
     elif fmt == "markdown":
@@ -252,3 +256,12 @@ def variance(captures, steps, skip_steps, rules, fmt, output, force):
     else:
         text = variance_view.render_table(data)
     emit(text, output, force, given)
+
+
+def _diff_modules() -> None:
+    """What a diff imports (pandas most of it), and the shipped rules compiled (their cache)."""
+    from profattr.attribute import diff  # noqa: F401
+    from profattr.report import diff_view  # noqa: F401
+    from profattr.taxonomy.classify import load_rules
+
+    load_rules()

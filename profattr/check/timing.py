@@ -77,20 +77,60 @@ def _config_keys(seq: dict) -> list:
     return packed
 
 
+def _config_order(start: np.ndarray, keys: list) -> tuple:
+    """(order, first index of each configuration's run in that order): the kernels by configuration (the keys,
+    compared in turn), then by start, then as given: np.lexsort of the keys and the starts. Kernels already in
+    start order (as the op store holds them) are ordered by one stable sort of each one's configuration rank: the
+    distinct configurations are found by hashing (pandas.factorize) and the few of them ranked by their keys,
+    instead of four sorts of every kernel."""
+    rank = _config_rank(keys) if len(start) > 1 and bool((start[1:] >= start[:-1]).all()) else None
+    if rank is None:
+        order = np.lexsort([start] + keys[::-1])
+        key = np.stack([k[order] for k in keys], axis=1)
+        return order, np.flatnonzero(np.r_[True, (key[1:] != key[:-1]).any(axis=1)])
+    order = np.argsort(rank, kind="stable")
+    ranked = rank[order]
+    return order, np.flatnonzero(np.r_[True, ranked[1:] != ranked[:-1]])
+
+
+def _config_rank(keys: list) -> np.ndarray | None:
+    """Each row's rank among the distinct key tuples in the keys' lexicographic order (the narrowest unsigned
+    type, for numpy's radix sort); None when the tuples' codes would not fit 62 bits."""
+    import pandas as pd
+
+    code = np.zeros(len(keys[0]), dtype=np.int64)
+    values, width = [], 1
+    for k in keys:  # one mixed-radix code per row, from each key's own codes
+        codes, uniques = pd.factorize(np.asarray(k, dtype=np.int64), sort=False)
+        width *= max(len(uniques), 1)
+        if width >= 1 << 62:
+            return None
+        code = code * len(uniques) + codes
+        values.append(uniques)
+    codes, combos = pd.factorize(code, sort=False)
+    digits = []
+    rest = combos.astype(np.int64)
+    for uniques in values[::-1]:  # the key values of each distinct combination, back from its code
+        digits.append(uniques[rest % len(uniques)])
+        rest = rest // len(uniques)
+    by_key = np.lexsort(digits)  # digits are the keys last to first: lexsort's last key is the primary one
+    rank = np.empty(len(combos), dtype=np.int64)
+    rank[by_key] = np.arange(len(combos))
+    dtype = np.uint8 if len(combos) <= 1 << 8 else np.uint16 if len(combos) <= 1 << 16 else np.uint32
+    return rank.astype(dtype)[codes]
+
+
 def check_first_calls(source, devices: list, run: RunRecord | None = None) -> Finding:
     if not devices:
         return Finding("first_calls", SKIP, "no kernels")
     seq = source.kernel_configs()
     if not len(seq["start"]):
         return Finding("first_calls", SKIP, "no kernels")
-    keys = _config_keys(seq)
-    order = np.lexsort([seq["start"]] + keys[::-1])
+    order, starts = _config_order(np.asarray(seq["start"]), _config_keys(seq))
     # only the columns read below are gathered (the key's are compared packed)
     seq = {k: np.asarray(seq[k])[order] for k in ("start", "duration", "device", "name")}
     total_ns = int(seq["duration"].sum())
-    key = np.stack([k[order] for k in keys], axis=1)
-    starts = np.flatnonzero(np.r_[True, (key[1:] != key[:-1]).any(axis=1)])
-    ends = np.r_[starts[1:], len(key)]
+    ends = np.r_[starts[1:], len(order)]
     window_start = {d["deviceId"]: d["first_start_ns"] for d in devices}
     window_len = {d["deviceId"]: max(1, d["last_end_ns"] - d["first_start_ns"]) for d in devices}
     median_all = float(np.median(seq["duration"]))

@@ -337,6 +337,35 @@ def build_stores(paths) -> int:
         return 0
 
 
+def store_while(paths, work) -> None:
+    """Run `work()` (a command's imports) on a thread while the one nsys export among `paths` that has no op store
+    yet is stored in the cache here: the two longest waits of a first look at a capture overlap, as in `budget`
+    (attribute/result_cache.py). Nothing is built with the cache off, or when two or more exports need a store (the
+    command reads those in processes of its own); anything that goes wrong is left for the command to meet when it
+    reads that capture. `work`'s error is raised here."""
+    import threading
+
+    failed: list = []
+
+    def run() -> None:
+        try:
+            work()
+        except BaseException as exc:  # noqa: BLE001 (raised again on the calling thread)
+            failed.append(exc)
+
+    thread = threading.Thread(target=run, name="profattr-import", daemon=True)
+    thread.start()
+    try:
+        if enabled():
+            todo = [p for p in (_unstored_export(p) for p in paths) if p is not None]
+            if len({os.path.realpath(p) for p in todo}) == 1:
+                _build_store(todo[0])
+    finally:
+        thread.join()
+    if failed:
+        raise failed[0]
+
+
 def _unstored_export(path) -> Path | None:
     """The SQLite export a capture is read from (cache_keys.current_export) when it has no store in the cache yet."""
     export = cache_keys.current_export(path)
