@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 
@@ -116,3 +117,10 @@ def _no_cache_setting_stays_in_its_test():
         os.environ.pop("PROFATTR_NO_CACHE", None)
     else:
         os.environ["PROFATTR_NO_CACHE"] = before
+
+
+def default_sigint() -> None:
+    """preexec_fn of a child process that a test interrupts with SIGINT: Ctrl-C at its default action in the
+    child. A test run started in the background by a non-interactive shell (`pytest ... &`) has SIGINT ignored,
+    which its children inherit (and keep, as a program started with SIGINT ignored should)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from conftest import default_sigint
 from profattr.tools import nsys as nsys_tool
 from profattr.cli import cli
 from profattr.errors import ProfattrError
@@ -344,7 +345,7 @@ def test_ctrl_c_keeps_and_exports_what_nsys_wrote(tmp_path):
     args = stub_args(tmp_path, tmp_path, free_port(), name="intr")
     env = dict(os.environ, **stub_env(events, STUB_SGLANG_STARTUP_S=120))
     proc = subprocess.Popen([sys.executable, "-m", "profattr", *args], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+                            stderr=subprocess.STDOUT, text=True, preexec_fn=default_sigint)
     deadline = time.monotonic() + 60
     while not any(e["event"] == "health" for e in events_of(events)) and time.monotonic() < deadline:
         time.sleep(0.2)

@@ -19,6 +19,7 @@ import pytest
 from click.testing import CliRunner
 
 from badinput import assert_error, assert_one_line_error, cli
+from conftest import default_sigint
 from profattr.cli import cli as profattr_cli
 
 STUB = Path(__file__).with_name("stub_sglang.py")
@@ -333,7 +334,7 @@ def test_attach_ctrl_c_stops_the_profiler_and_leaves_the_server(server, tmp_path
     env = dict(os.environ, PYTHONPATH=str(Path(profattr.__file__).resolve().parent.parent))
     proc = subprocess.Popen([sys.executable, "-m", "profattr",
                              *capture_args(srv.url, tmp_path / "out", steps=30, max_new_tokens=40)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=default_sigint)
     deadline = time.monotonic() + 60
     while not any(e["event"] == "start_profile" for e in srv.since_ready()):
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
