@@ -86,58 +86,49 @@ def step_matrix(side, device: int, names: list) -> np.ndarray | None:
     return np.stack(cols, axis=1) / NS_PER_MS
 
 
-BOOTSTRAP_CHUNK_CELLS = 1 << 20  # resampled cells (resamples x steps) drawn and worked on at once: 8 MB of indices
-BOOTSTRAP_AHEAD = 2  # chunks drawn ahead of the ones being worked on (memory: a few chunks, not the whole draw)
+BOOTSTRAP_CHUNK_CELLS = 1 << 18  # resampled cells (resamples x steps) drawn and worked on at once: 2 MB of indices,
+# which stay in the core's cache while every component is gathered through them
 
 
 def _replicate_samples(m: np.ndarray, names: list, rng, samples: int) -> np.ndarray:
     """samples x (components, median span, mean span) of one replicate's step bootstrap. Resamples are drawn in
     chunks of rows, which gives the very numbers one (samples x steps) draw would, so memory stays a few chunks'
     (a capture of 100k steps would otherwise need a matrix of gigabytes). The draws stay in order on this thread;
-    each component's gather and mean of a chunk is a task of its own on the bootstrap's threads (numpy works
-    without Python's lock), and every value is computed by the same operations as on one thread."""
+    each chunk's gathers and means are a task on the bootstrap's threads (numpy works without Python's lock), and
+    every value is computed by the same operations as on one thread."""
     n = len(m)
     columns = np.ascontiguousarray(m.T)  # each component contiguous: faster gathers, the same values
     out = np.empty((samples, len(names) + 2))
     chunk = max(1, BOOTSTRAP_CHUNK_CELLS // max(n, 1))
 
-    def component(j: int, idx: np.ndarray, lo: int, hi: int) -> None:
-        out[lo:hi, j] = columns[j][idx].mean(axis=1)
-
-    def span(idx: np.ndarray, lo: int, hi: int) -> None:
-        values = columns[-1][idx]
-        out[lo:hi, -2] = np.median(values, axis=1)
-        out[lo:hi, -1] = values.mean(axis=1)
+    def work(idx: np.ndarray, lo: int, hi: int) -> None:
+        for j in range(len(names)):
+            out[lo:hi, j] = columns[j][idx].mean(axis=1)
+        span = columns[-1][idx]
+        out[lo:hi, -2] = np.median(span, axis=1)
+        out[lo:hi, -1] = span.mean(axis=1)
 
     workers = threads()
     if workers < 2 or samples <= chunk:
         for lo in range(0, samples, chunk):
             hi = min(samples, lo + chunk)
-            idx = rng.integers(0, n, size=(hi - lo, n))
-            for j in range(len(names)):
-                component(j, idx, lo, hi)
-            span(idx, lo, hi)
+            work(rng.integers(0, n, size=(hi - lo, n)), lo, hi)
         return out
     from concurrent.futures import ThreadPoolExecutor
 
-    pending: list = []  # the tasks of each chunk in flight, oldest first
+    pending: list = []  # the chunks in flight, oldest first: at most two per thread
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="profattr-bootstrap") as pool:
         try:
             for lo in range(0, samples, chunk):
                 hi = min(samples, lo + chunk)
-                idx = rng.integers(0, n, size=(hi - lo, n))
-                tasks = [pool.submit(component, j, idx, lo, hi) for j in range(len(names))]
-                pending.append(tasks + [pool.submit(span, idx, lo, hi)])
-                while len(pending) > BOOTSTRAP_AHEAD:
-                    for task in pending.pop(0):
-                        task.result()
-            for tasks in pending:
-                for task in tasks:
-                    task.result()
+                pending.append(pool.submit(work, rng.integers(0, n, size=(hi - lo, n)), lo, hi))
+                while len(pending) > 2 * workers:
+                    pending.pop(0).result()
+            for task in pending:
+                task.result()
         finally:
-            for tasks in pending:  # an error in one task: the others are not started
-                for task in tasks:
-                    task.cancel()
+            for task in pending:  # an error in one chunk: the others are not started
+                task.cancel()
     return out
 
 
