@@ -5,7 +5,7 @@ Layers, top to bottom (a module may import its own package and any lower layer):
   cli, api and every Click module (NAME/commands.py, NAME/*_commands.py): the thin command layer
   -> report -> capture, ledger, limits -> check -> attribute -> taxonomy -> trace
   -> outputs -> run_record, tools, regexguard, workloads, engines -> inputs, cache_keys -> progress -> errors
-  -> text, arrays
+  -> text, arrays, cores
 The package root (`from profattr import __version__`) is importable from anywhere.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ PACKAGE = ROOT / "profattr"
 
 LAYERS = [("commands", "api"), ("report",), ("capture", "ledger", "limits"), ("check",), ("attribute",),
           ("taxonomy",), ("trace",), ("outputs",), ("run_record", "tools", "regexguard", "workloads", "engines"),
-          ("inputs", "cache_keys"), ("progress",), ("errors",), ("text", "arrays")]
+          ("inputs", "cache_keys"), ("progress",), ("errors",), ("text", "arrays", "cores")]
 RANK = {group: rank for rank, groups in enumerate(LAYERS) for group in groups}
 
 # Known violations, each with why it is still there; a new one fails. Remove an entry when its import goes.

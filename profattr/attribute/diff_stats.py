@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from profattr import cores
 from profattr.run_record import RunRecord
 
 NS_PER_MS = 1e6
@@ -135,16 +136,7 @@ def _replicate_samples(m: np.ndarray, names: list, rng, samples: int) -> np.ndar
 def threads() -> int:
     """Threads of a bootstrap: the cores this process may use, at most 4 (PROFATTR_BOOTSTRAP_THREADS sets it; 1
     works on the calling thread alone)."""
-    import os
-
-    wanted = os.environ.get("PROFATTR_BOOTSTRAP_THREADS", "")
-    if wanted.strip().isdigit() and int(wanted) > 0:
-        return int(wanted)
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 1
-    return max(1, min(4, cores))
+    return cores.threads("PROFATTR_BOOTSTRAP_THREADS", 4)
 
 
 def server_key(run: RunRecord | None) -> tuple | None:

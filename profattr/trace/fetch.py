@@ -20,6 +20,8 @@ from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
+from profattr import cores
+
 CHUNK_ROWS = 65536  # rows per block: bounds what is alive at once
 RANGE_ROWS = 4 * CHUNK_ROWS  # rowids per range of ordered_blocks (a few blocks: bounds what is fetched ahead)
 MAX_THREADS = 4  # SQLite's scan of one file gains little beyond this
@@ -81,14 +83,7 @@ def adbc_blocks(conn, sql: str, params: Sequence, ncols: int) -> Iterator[np.nda
 def threads() -> int:
     """Threads that fetch at once: the cores this process may use, at most MAX_THREADS (PROFATTR_FETCH_THREADS
     sets it; with 1, one thread still fetches ahead of the caller)."""
-    wanted = os.environ.get("PROFATTR_FETCH_THREADS", "")
-    if wanted.strip().isdigit() and int(wanted) > 0:
-        return int(wanted)
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 1
-    return max(1, min(MAX_THREADS, cores))
+    return cores.threads("PROFATTR_FETCH_THREADS", MAX_THREADS)
 
 
 def row_ranges(first: int | None, last: int | None, size: int = RANGE_ROWS) -> list:
