@@ -188,15 +188,15 @@ def diff(captures, steps, skip_steps, rules, fmt, changed, samples, mapping_a, m
     else:
         raise ProfattrError(f"diff takes two captures (A B), or two groups split by `--` (A1 A2 -- B1 B2); got "
                             f"{len(captures)} without `--`")
-    given = [*(a if isinstance(a, list) else [a]), *(b if isinstance(b, list) else [b]), mapping_a, mapping_b,
-             *rules]
+    paths = [*(a if isinstance(a, list) else [a]), *(b if isinstance(b, list) else [b])]
+    given = [*paths, mapping_a, mapping_b, *rules]
     if output:
         check_output(output, force, given)
     from profattr.attribute.verdict import gate, parse_fail_on
 
     gate_rules = parse_fail_on(fail_on)  # a bad threshold is an error before the slow part
     by = "layer" if layer_range is not None else by
-    store_while([*(a if isinstance(a, list) else [a]), *(b if isinstance(b, list) else [b])], _diff_modules)
+    store_while(paths, _diff_modules)  # a capture's op store built while the diff's modules import
     from profattr.attribute.diff import compute_diff, load_sides
 
     side_a, side_b = load_sides(a, b, steps, rules, mapping_a, mapping_b, by, layer_range, skip_steps)

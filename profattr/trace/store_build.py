@@ -14,7 +14,6 @@ from pathlib import Path
 import numpy as np
 
 from profattr.arrays import unique
-from profattr.errors import ProfattrError
 from profattr.trace import fetch, nsys_tables
 from profattr.trace.ops import KIND_KERNEL, KIND_MEMCPY, KIND_MEMSET, LOW32, Ops
 from profattr.trace.reader import KERNEL, MEMCPY, MEMSET, RUNTIME, DamagedValues, load_query
