@@ -176,21 +176,39 @@ def test_finish_on_a_copy_measures_timing_and_records_no_paths(tmp_path, export_
 
 
 @pytest.mark.parametrize("name", ["sglang-triton-bs1", "wl-graph-grouped-tp2", "wl-eager-loop"])
-def test_first_call_order_is_numpys_lexsort_of_the_kernel_rows(name, export_example):
-    """The first-call check puts every kernel in (launch configuration, start) order: on the kernel rows as SQL
-    gives them (any order: the lexsort) and sorted by start (as the op store holds them: one stable sort of a
-    configuration rank), the order and the configurations' runs are those of np.lexsort over the nine columns."""
+def test_first_call_figures_are_those_of_the_kernel_rows_in_lexsort_order(name, export_example):
+    """The first-call check's figures (check/first_calls.py): per launch configuration its first call (earliest
+    start), its calls and the median of the others, and per kernel name and device its first call; from the kernel
+    rows as SQL gives them, shuffled (any order), sorted by start, and sorted in parts added one after another (the
+    report's windows), against np.lexsort over the nine columns and np.median written here."""
     import numpy as np
 
-    from profattr.check.timing import _config_keys, _config_order
+    from profattr.check.first_calls import KEY_COLUMNS, FirstCalls
 
     rows = np.array(sql(export_example(name), 'SELECT deviceId, COALESCE(demangledName, shortName), gridX, gridY, '
-                                              'gridZ, blockX, blockY, blockZ, start FROM CUPTI_ACTIVITY_KIND_KERNEL'),
-                    dtype=np.int64)
+                                              'gridZ, blockX, blockY, blockZ, start, "end" - start '
+                                              'FROM CUPTI_ACTIVITY_KIND_KERNEL'), dtype=np.int64)
+    by = rows[np.lexsort([rows[:, i] for i in (8, 7, 6, 5, 4, 3, 2, 1, 0)])]
+    runs = np.flatnonzero(np.r_[True, (by[1:, :8] != by[:-1, :8]).any(axis=1)])
+    want = {tuple(by[lo, :8].tolist()): (int(by[lo, 9]), int(by[lo, 8]), hi - lo,
+                                         float(np.median(by[lo + 1:hi, 9])) if hi - lo > 1 else None)
+            for lo, hi in zip(runs.tolist(), np.r_[runs[1:], len(by)].tolist())}
+    first_of: dict = {}
+    for r in by.tolist():  # in (configuration, start) order, the earliest start of each name and device
+        key = (r[1], r[0])
+        if key not in first_of or r[8] < first_of[key][0]:
+            first_of[key] = (r[8], r[9])
     shuffled = rows[np.random.default_rng(0).permutation(len(rows))]
-    for rows in (shuffled, shuffled[np.argsort(shuffled[:, 8], kind="stable")]):
-        seq = {c: rows[:, i] for i, c in enumerate(["device", "name", "gx", "gy", "gz", "bx", "by", "bz", "start"])}
-        want = np.lexsort([rows[:, i] for i in (8, 7, 6, 5, 4, 3, 2, 1, 0)])
-        runs = np.flatnonzero(np.r_[True, (rows[want][1:, :8] != rows[want][:-1, :8]).any(axis=1)])
-        order, starts = _config_order(seq["start"], _config_keys(seq))
-        assert np.array_equal(order, want) and np.array_equal(starts, runs)
+    in_order = shuffled[np.argsort(shuffled[:, 8], kind="stable")]
+    parts = FirstCalls()
+    for part in np.array_split(in_order, 7):
+        parts.add(*(part[:, i] for i in range(10)))
+    for calls in (FirstCalls.of_configs({c: shuffled[:, i] for i, c in enumerate(KEY_COLUMNS + ["start", "duration"])}),
+                  FirstCalls.of_configs({c: in_order[:, i] for i, c in enumerate(KEY_COLUMNS + ["start", "duration"])}),
+                  parts):
+        got = {k: (v[0], v[1], v[2], v[3].median()) for k, v in calls.configs.items()}
+        assert got == want
+        assert calls.durations.median() == float(np.median(rows[:, 9])) and calls.total_ns == int(rows[:, 9].sum())
+        names = {k[0] for k in first_of}
+        assert {n: calls.first_calls_of(n) for n in names} == {
+            n: {d: v for (m, d), v in first_of.items() if m == n} for n in names}

@@ -24,12 +24,12 @@ def test_idle_intervals_skip_overlapping_ops_and_step_boundaries():
     assert gs.tolist() == [10, 110] and ge.tolist() == [20, 130]  # none across the step boundary 25 -> 100
 
 
-def test_overlap_with_gap_union():
+def test_overlap_with_gaps():
     gs, ge = np.array([10, 50]), np.array([20, 60])
     calls_s, calls_e = np.array([0, 15, 55, 70, 0]), np.array([12, 55, 58, 80, 100])
-    got = host_gaps.overlap_with(gs, ge, calls_s, calls_e)
-    assert got.tolist() == [2.0, 10.0, 3.0, 0.0, 20.0]
-    assert host_gaps.overlap_with(gs[:0], ge[:0], calls_s, calls_e).tolist() == [0.0] * 5
+    got = host_gaps.overlap_ns(gs, ge, calls_s, calls_e)
+    assert got.tolist() == [2, 10, 3, 0, 20]
+    assert host_gaps.overlap_ns(gs[:0], ge[:0], calls_s, calls_e).tolist() == [0] * 5
 
 
 def test_only_innermost_ranges_that_do_not_enclose_a_step():
@@ -41,10 +41,28 @@ def test_only_innermost_ranges_that_do_not_enclose_a_step():
     assert host_gaps.enclosing_steps(ranges, steps).tolist() == [False, False, False, True]
 
 
-def test_real_capture_gaps_and_graph_launch_overlap(export_example):
+def stats_of(path, windowed: bool, monkeypatch) -> tuple:
+    """(launch stats, budget) from all ops at once, or window by window (windows of 89 ops: steps, replays and
+    gaps straddle them) as the report reads them."""
+    if not windowed:
+        budget = compute_budget(path, keep_attribution=True)
+        return launch_stats(budget), budget
+    from profattr.attribute.budget import ONE_WINDOW, opened
+    from profattr.report.window_views import window_views
+    from profattr.taxonomy.classify import load_rules
+
+    monkeypatch.setenv("PROFATTR_WINDOW_OPS", "89")
+    rules = load_rules(())
+    with opened(path) as source:
+        budget = compute_budget(source, rules=rules, keep_attribution=ONE_WINDOW)
+        return window_views(budget, source, rules).launches, budget
+
+
+@pytest.mark.parametrize("windowed", [False, True])
+def test_real_capture_gaps_and_graph_launch_overlap(export_example, monkeypatch, windowed):
     path = export_example("glm5/glm-triton-bs1-r1")
-    budget = compute_budget(path, keep_attribution=True)
-    host = launch_stats(budget)[0]["host_in_idle"]
+    stats, budget = stats_of(path, windowed, monkeypatch)
+    host = stats[0]["host_in_idle"]
     conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
     memops = "".join(sql for t, sql in MEMOPS.items() if t in tables)
@@ -94,13 +112,14 @@ SELECT steps.step, ops.s, ops.e, ops.corr, ops.node, ops.api, ops.api_end FROM o
   ON steps.stid = ops.tid AND ops.api BETWEEN steps.ss AND steps.se ORDER BY steps.step, ops.s"""
 
 
+@pytest.mark.parametrize("windowed", [False, True])
 @pytest.mark.parametrize("name", ["glm5/glm-fp8dg-bs1-r1", "glm5/glm-fp8tr-bs1-r1"])
-def test_wait_before_each_graph_replay_matches_sql(export_example, name):
+def test_wait_before_each_graph_replay_matches_sql(export_example, monkeypatch, name, windowed):
     """The GPU's wait before each replay's first node, and how much of it came before the host's cudaGraphLaunch:
     plain Python over the ops of each step in time order (DeepGEMM dense GEMMs: the GPU outruns the host; Triton:
     the host is ahead)."""
     path = export_example(name)
-    stats = launch_stats(compute_budget(path, keep_attribution=True))[0]
+    stats = stats_of(path, windowed, monkeypatch)[0][0]
     conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     rows = conn.execute(REPLAY_OPS_SQL, {"pattern": "step[DECODE bs=%]"}).fetchall()
     conn.close()

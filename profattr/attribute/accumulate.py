@@ -63,6 +63,15 @@ def group_pairs(device: np.ndarray, step: np.ndarray):
 COMBO_COLUMNS = ["name", "demangled", "category", "family", "evidence", "rule", "context", "conflict"]
 
 
+def op_names(dem_id: int, short_id: int, strings: dict) -> tuple:
+    """(short, demangled) name of an op from its string ids (`strings`: id -> text): a memory op's by its code."""
+    if dem_id < 0:
+        name = memop_name(int(dem_id))
+        return name, name
+    demangled = strings.get(int(dem_id)) or strings.get(int(short_id)) or f"<string {dem_id}>"
+    return strings.get(int(short_id)) or demangled, demangled
+
+
 class Combos:
     """Distinct (demangled id, short id, context mask) rows met so far, each classified once."""
 
@@ -88,11 +97,9 @@ class Combos:
 
     def _classify(self, key, strings) -> tuple:
         dem_id, short_id, m = key
+        short, demangled = op_names(dem_id, short_id, strings)
         if dem_id < 0:  # memory op
-            name = memop_name(int(dem_id))
-            return (name, name, "memory.set" if dem_id == -100 else "memory.copy", "cuda_memory", "name", "", "", "")
-        demangled = strings.get(int(dem_id)) or strings.get(int(short_id)) or f"<string {dem_id}>"
-        short = strings.get(int(short_id)) or demangled
+            return (short, short, "memory.set" if dem_id == -100 else "memory.copy", "cuda_memory", "name", "", "", "")
         contexts = frozenset(p for b, p in enumerate(self.patterns) if (int(m) >> b) & 1)
         d = self.ruleset.decide(demangled, contexts, short=short if short != demangled else None)
         return (short, demangled, d.category, d.family, d.evidence, d.rule.id if d.rule else "",

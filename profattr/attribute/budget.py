@@ -51,6 +51,12 @@ from profattr.attribute.budget_parts import (NS_PER_MS, SCHEMA, Attribution, Bud
                                              assemble, context_mask, context_ranges, placement_dict, skip_remap)
 
 
+# keep_attribution=ONE_WINDOW: compute the budget window by window where it can (its `windowed` then says how, for
+# views that read the windows again: report/window_views.py), and keep the attribution only where it was computed
+# over all ops at once
+ONE_WINDOW = "one-window"
+
+
 def compute_budget(capture, steps: str = "auto", rules=(), *, force: bool = False, keep_attribution: bool = False,
                    mapping=None, by: str = "category", layer_range: str | None = None, skip_steps=None,
                    step_categories: bool = True, require_work: bool = True) -> Budget:
@@ -63,7 +69,7 @@ def compute_budget(capture, steps: str = "auto", rules=(), *, force: bool = Fals
     How it is computed is the engine's choice, and the result is the same either way: window by window over the
     capture's op store (windows.py: memory bounded by a window) where nothing asks for every op at once, else in
     one window over all ops (`keep_attribution`, `mapping`, layers; readers without windows; damaged rows, which the
-    one-window path counts and names). `mapping`: an eager capture of the same workload whose NVTX context is lent
+    one-window path counts and names; keep_attribution=ONE_WINDOW keeps it only then). `mapping`: an eager capture of the same workload whose NVTX context is lent
     to replayed graph ops that have none (mapping.py). `by="layer"` adds per-layer rows to every device
     (`layer_range`: the layer regex). `skip_steps`: leave out the first N steps of each thread, or "auto" the slow
     start the steady-state test finds (attribute/steady.py); the budget says what it left out.
@@ -75,19 +81,24 @@ def compute_budget(capture, steps: str = "auto", rules=(), *, force: bool = Fals
         raise ProfattrError(f"--by {by!r}: expected category or layer")
     ruleset = rules if isinstance(rules, RuleSet) else load_rules(rules)
     lent = _mapping_attribution(mapping, steps, ruleset, force) if mapping is not None else None
-    windowed = lent is None and not keep_attribution and by == "category" and layer_range is None
+    windowed = (lent is None and keep_attribution in (False, ONE_WINDOW) and by == "category"
+                and layer_range is None)
     if is_reader(capture):
         budget = _read_budget(capture, steps, ruleset, lent, skip_steps, step_categories, windowed, require_work)
     else:
         with open_trace(capture, force=force) as export:
             budget = _read_budget(export, steps, ruleset, lent, skip_steps, step_categories, windowed, require_work)
     attribution = budget.attribution
-    if not windowed:  # the spread of the largest kernels: where the caller reads every op at once (not where a
-        kernel_distributions(budget)  # windowed budget fell back to one window: its JSON stays the same)
+    # the spread of the largest kernels: where the caller reads every op at once (not where a windowed budget fell
+    # back to one window: its JSON stays the same), and for ONE_WINDOW callers (who add it from the windows)
+    if not windowed or (keep_attribution == ONE_WINDOW and attribution is not None):
+        kernel_distributions(budget)
     if by == "layer" or layer_range is not None:
         add_layers(budget, attribution, layer_range)
     if not keep_attribution:
         budget.attribution = None
+    if keep_attribution != ONE_WINDOW:
+        budget.windowed = None  # only a caller that reads the windows again needs what they were read with
     if not step_categories:
         budget.per_step_category = None
     return budget

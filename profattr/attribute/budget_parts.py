@@ -71,6 +71,25 @@ def placement_dict(status_counts: np.ndarray, mapping_report: dict | None = None
     return out
 
 @dataclass
+class WindowedPass:
+    """What a budget computed window by window (windows.py) read its ops with, for views that read the windows
+    again: the steps ops were assigned to and their renumbering into the budget's (`remap`, None: the same), the
+    budget's steps, the NVTX ranges, and the op time per (device, combination, launch shape) with its combos."""
+
+    assign: Steps
+    remap: np.ndarray | None
+    steps: Steps
+    ranges: Ranges
+    per_combo: pd.DataFrame  # device, combo, grid, block, gemm, ns, count (inside steps)
+    combos: pd.DataFrame  # accumulate.COMBO_COLUMNS, rows in their final order
+
+    def step_of(self, ops: Ops) -> np.ndarray:
+        """The budget's step of each op (-1 outside its steps), as the budget assigned it."""
+        step = self.assign.assign(ops.launch_tid, ops.launch_ns, ops.launched)
+        return self.remap[step] if self.remap is not None else step
+
+
+@dataclass
 class Budget:
     path: str
     nsys_version: str | None
@@ -93,6 +112,7 @@ class Budget:
     tool_version: str | None = None
     steps_excluded: dict = field(default_factory=dict)
     skipped_rows: dict = field(default_factory=dict)  # {table: {reason: rows, "rows": total}} (trace/validate.py)
+    windowed: "WindowedPass | None" = field(default=None, repr=False)  # how windows.py read it (else None)
 
     def to_dict(self) -> dict:
         out = {

@@ -74,28 +74,100 @@ def kernel_distributions(budget, top: int = TOP_KERNELS) -> None:
     att = budget.attribution
     if att is None:
         return
-    name_code, names = pd.factorize(att.combos["name"].to_numpy(), sort=True)  # codes in name order
-    names = np.asarray(names, dtype=object)
+    name_code, names = _name_codes(att.combos)
     inside = att.step >= 0
     device = att.ops.device[inside]
     step = att.step[inside]
     code = name_code[att.combo[inside]] if len(names) else np.zeros(int(inside.sum()), dtype=np.int64)
     ns = att.ops.duration_ns[inside].astype(np.int64)
     for d in budget.devices:
-        dist = d.get("distributions")
-        if dist is None:
+        if d.get("distributions") is None:
             continue
         mine = device == d["device"]
-        steps = budget.per_step.loc[budget.per_step["device"] == d["device"]].sort_values("start_ns")["step"]
-        steps = steps.to_numpy(np.int64)
         c, v, st = code[mine], ns[mine], step[mine]
         total = checked_ns(np.bincount(c, weights=v, minlength=len(names)))  # exact: sums far below 2**53
-        ran = np.bincount(c, minlength=len(names)) > 0
-        # a groupby-sum's Series (names sorted), sorted by its sums as that was (equal sums keep that sort's order)
-        sums = pd.Series(total[ran], index=pd.Index(names[ran], name="name"))
-        order = sums.sort_values(ascending=False).index[:top]
-        table = _code_table(c, st, v, steps, {str(n): i for i, n in enumerate(names)}, order)
-        dist["kernels"] = [{"name": str(n), **spread(table[:, j], steps)} for j, n in enumerate(order)]
+        order = _largest(total, np.bincount(c, minlength=len(names)) > 0, names, top)
+        steps = _device_steps(budget, d["device"])
+        _set_kernels(d, order, steps, _code_table(c, st, v, steps, {str(n): i for i, n in enumerate(names)}, order))
+
+
+class KernelSteps:
+    """kernel_distributions a window of ops at a time, for a budget computed window by window (windows.py): the
+    largest kernels from its op time per combination (`budget.windowed.per_combo`), their time per step summed
+    over the windows (`add`: ops with their budget step), added to the budget by `finish`."""
+
+    def __init__(self, budget, source, top: int = TOP_KERNELS):
+        from profattr.attribute.accumulate import op_names
+
+        self.budget, self.source, self.op_names = budget, source, op_names
+        w = budget.windowed
+        name_code, self.names = _name_codes(w.combos)
+        self.code_of = {str(n): i for i, n in enumerate(self.names)}
+        self.pair_code: dict = {}  # (demangled id, short id) -> name code
+        self.devices = {}  # device -> [steps, largest names, table]
+        per_combo = w.per_combo
+        for d in budget.devices:
+            if d.get("distributions") is None:
+                continue
+            pc = per_combo[per_combo["device"] == d["device"]]
+            c = name_code[pc["combo"].to_numpy(np.int64)] if len(self.names) else np.zeros(len(pc), dtype=np.int64)
+            total = checked_ns(np.bincount(c, weights=pc["ns"].to_numpy(np.int64), minlength=len(self.names)))
+            ran = np.bincount(c, weights=pc["count"].to_numpy(np.int64), minlength=len(self.names)) > 0
+            order = _largest(total, ran, self.names, top)
+            steps = _device_steps(budget, d["device"])
+            self.devices[int(d["device"])] = [steps, order, np.zeros((len(steps), len(order)), dtype=np.int64)]
+
+    def add(self, ops, step: np.ndarray) -> None:
+        inside = step >= 0
+        if not self.devices or not inside.any():
+            return
+        code = self._codes(ops.demangled_id[inside], ops.name_id[inside])
+        device, st, ns = ops.device[inside], step[inside], ops.duration_ns[inside].astype(np.int64)
+        for dev, (steps, order, table) in self.devices.items():
+            mine = device == dev
+            table += _code_table(code[mine], st[mine], ns[mine], steps, self.code_of, order)
+
+    def _codes(self, demangled: np.ndarray, short: np.ndarray) -> np.ndarray:
+        """The name code of each op, from its (demangled, short) string ids, as the combos name it."""
+        from profattr.attribute.accumulate import group_rows
+
+        uniq, local = group_rows(demangled, short)
+        keys = [tuple(int(x) for x in r) for r in uniq]
+        new = [k for k in keys if k not in self.pair_code]
+        if new:
+            strings = self.source.strings([k[0] for k in new if k[0] >= 0] + [k[1] for k in new if k[1] >= 0])
+            for k in new:
+                self.pair_code[k] = self.code_of[str(self.op_names(k[0], k[1], strings)[0])]
+        codes = np.array([self.pair_code[k] for k in keys], dtype=np.int64)
+        return codes[local] if len(local) else np.zeros(0, dtype=np.int64)
+
+    def finish(self) -> None:
+        for d in self.budget.devices:
+            if int(d["device"]) in self.devices:
+                steps, order, table = self.devices[int(d["device"])]
+                _set_kernels(d, order, steps, table)
+
+
+def _name_codes(combos: pd.DataFrame) -> tuple:
+    """(name code per combination, the names sorted): codes in name order."""
+    name_code, names = pd.factorize(combos["name"].to_numpy(), sort=True)
+    return name_code, np.asarray(names, dtype=object)
+
+
+def _largest(total: np.ndarray, ran: np.ndarray, names: np.ndarray, top: int):
+    """The `top` names by summed time, of those that ran: a groupby-sum's Series (names sorted), sorted by its sums
+    as that was (equal sums keep that sort's order)."""
+    sums = pd.Series(total[ran], index=pd.Index(names[ran], name="name"))
+    return sums.sort_values(ascending=False).index[:top]
+
+
+def _device_steps(budget, device) -> np.ndarray:
+    steps = budget.per_step.loc[budget.per_step["device"] == device].sort_values("start_ns")["step"]
+    return steps.to_numpy(np.int64)
+
+
+def _set_kernels(d: dict, order, steps: np.ndarray, table: np.ndarray) -> None:
+    d["distributions"]["kernels"] = [{"name": str(n), **spread(table[:, j], steps)} for j, n in enumerate(order)]
 
 
 def _code_table(code, step, ns, steps, code_of: dict, keys) -> np.ndarray:

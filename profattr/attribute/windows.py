@@ -36,6 +36,30 @@ def by_windows(source, steps_spec: str, ruleset, skip_steps=None, step_categorie
     return _pass(source, store, kept, ranges, patterns, combos, remap, assign=steps, step_categories=step_categories)
 
 
+class WindowContexts:
+    """How each window's ops are classified: their NVTX context point (graphs.py), the context bits and linear
+    layer shape read there, and their combination's id in `combos` (new combinations classified)."""
+
+    def __init__(self, source, ranges, combos: Combos):
+        self.source, self.ranges, self.combos = source, ranges, combos
+        self.selected = B.context_ranges(ranges, combos.ruleset.context_regexes)
+        self.linear = LinearRanges(ranges)  # layerwise NVTX markers of linear layers: a GEMM's M, N, K (gemm_dims.py)
+        self.asks_ranges = len(self.linear) > 0 or any(len(start) for _, start, _ in self.selected)
+
+    def of(self, ops):
+        """(placement, gemm per op, combination id per op) of one window's ops."""
+        ranges, regexes = self.ranges, self.combos.ruleset.context_regexes
+        placement = place_contexts(self.source, ops, ranges)
+        if self.asks_ranges:  # the NVTX questions, once per distinct context point (graph replays share theirs)
+            point_tid, point_ns, point = distinct_points(placement.tid, placement.t_ns)
+            mask = B.context_mask(ranges, regexes, point_tid, point_ns, self.selected)[point]
+            gemm = self.linear.of(point_tid, point_ns)[point]
+        else:  # no range to look up: nothing to share
+            mask = B.context_mask(ranges, regexes, placement.tid, placement.t_ns, self.selected)
+            gemm = self.linear.of(placement.tid, placement.t_ns)
+        return placement, gemm, self.combos.ids(ops, mask)
+
+
 def _pass(source, store, steps, ranges, patterns, combos: Combos, remap=None, assign=None, step_categories=True):
     """One pass over the windows. `steps` are the budget's; with `remap`, ops are assigned to the steps `assign`
     (all of them) and then renumbered into `steps` (-1: a left-out step)."""
@@ -46,24 +70,14 @@ def _pass(source, store, steps, ranges, patterns, combos: Combos, remap=None, as
         return None
     totals = StepTotals(step_categories, pairs=len(steps))
     counts = PlacementCounts()
-    selected = B.context_ranges(ranges, combos.ruleset.context_regexes)
-    linear = LinearRanges(ranges)  # layerwise NVTX markers of linear layers: a GEMM's M, N, K (gemm_dims.py)
+    contexts = WindowContexts(source, ranges, combos)
     texts = ContextTexts(source)
-    asks_ranges = len(linear) > 0 or any(len(start) for _, start, _ in selected)
     for ops in windows:
         step = assign.assign(ops.launch_tid, ops.launch_ns, ops.launched)
         if remap is not None:
             step = remap[step]
-        placement = place_contexts(source, ops, ranges)
+        placement, gemm, reg = contexts.of(ops)
         counts.add(placement.counts_of_method)
-        if asks_ranges:  # the NVTX questions, once per distinct context point (graph replays share theirs)
-            point_tid, point_ns, point = distinct_points(placement.tid, placement.t_ns)
-            mask = B.context_mask(ranges, combos.ruleset.context_regexes, point_tid, point_ns, selected)[point]
-            gemm = linear.of(point_tid, point_ns)[point]
-        else:  # no range to look up: nothing to share
-            mask = B.context_mask(ranges, combos.ruleset.context_regexes, placement.tid, placement.t_ns, selected)
-            gemm = linear.of(placement.tid, placement.t_ns)
-        reg = combos.ids(ops, mask)
         totals.add(ops, step, reg, combos, placement.status, gemm=gemm)
         texts.add(ops, reg, [v[4] for v in combos.values], [v[7] for v in combos.values], ranges, placement.tid,
                   placement.t_ns, placement.status, step >= 0)
@@ -74,6 +88,8 @@ def _pass(source, store, steps, ranges, patterns, combos: Combos, remap=None, as
     budget = B.assemble(source, steps, counts.method(ranges), frame, per_step, table, per_combo, outside,
                         B.placement_dict(totals.status), short_kernels=totals.short,
                         context_summary=texts.finish(final))
+    budget.windowed = B.WindowedPass(assign=assign, remap=remap, steps=steps, ranges=ranges, per_combo=per_combo,
+                                     combos=frame)
     category_of_reg = np.array([combos.category_of(i) for i in range(len(combos.rows))], dtype=object)
     comm = totals.comm_ops(category_of_reg)
     if comm is not None:

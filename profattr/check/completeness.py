@@ -46,13 +46,17 @@ def check_records(source) -> Finding:
 
 
 def check_window_coverage(ops, source) -> Finding:
-    """GPU activity against the span of the window's other records (CUDA calls and NVTX ranges)."""
-    if not len(ops):
+    """GPU activity against the span of the window's other records (CUDA calls and NVTX ranges). `ops`: the
+    capture's ops, or their facts.OpFacts."""
+    from profattr.check.facts import OpFacts
+
+    facts = ops if isinstance(ops, OpFacts) else OpFacts.of(ops)
+    if not facts.n_ops:
         return Finding("window_coverage", SKIP, "no GPU work")
     r0, r1 = source.record_span()
     if r0 is None:
         return Finding("window_coverage", SKIP, "no NVTX ranges or CUDA calls to compare the GPU work with")
-    g0, g1 = int(ops.start.min()), int(ops.end.max())
+    g0, g1 = facts.first_ns, facts.last_ns
     w0, w1 = min(int(r0), g0), max(int(r1), g1)
     window_ms, gpu_ms = (w1 - w0) / 1e6, (g1 - g0) / 1e6
     share = gpu_ms / window_ms if window_ms > 0 else 1.0

@@ -22,31 +22,80 @@ class Facts:
     traced_cuda: bool | None = None  # the capture settings say CUDA was traced
 
 
-def gather(source, ops) -> Facts:
-    kernel = ops.kind == KIND_KERNEL
-    devices = []
-    for dev in unique(ops.device[kernel]) if kernel.any() else []:
-        sel = kernel & (ops.device == dev)
-        devices.append({"deviceId": int(dev), "processes": int(len(unique(ops.launch_key[sel] >> 32))),
-                        "kernels": int(sel.sum()), "graph_node_kernels": int((ops.graph_node[sel] >= 0).sum()),
-                        "first_start_ns": int(ops.start[sel].min()), "last_end_ns": int(ops.end[sel].max()),
-                        "kernel_ns": int((ops.end[sel] - ops.start[sel]).sum())})
-    api = source.api_calls()
-    calls = (int(len(api["kind"])), int((api["kind"] == 0).sum()))
-    names = []
-    if kernel.any():
+class OpFacts:
+    """What the checks read of a capture's GPU ops, summed a window of them at a time (`add`, in the reader's row
+    order) or all at once (`of`): per device its kernels, processes, graph-node kernels, first start, last end and
+    kernel time; per kernel name (demangled id) its executions, time and short name (its last row's); and the span
+    and number of all ops (kernels and memory)."""
+
+    def __init__(self, first_calls=None):
+        """`first_calls`: a first_calls.FirstCalls to add every window's kernels to (windows in start order)."""
+        self.first_calls = first_calls
+        self.n_ops = 0
+        self.first_ns = None  # earliest start of any op
+        self.last_ns = None  # latest end of any op
+        self.devices: dict = {}  # device -> [processes (set), kernels, graph-node kernels, first, last, kernel ns]
+        self.names: dict = {}  # demangled id -> [executions, ns, short id of the last row]
+
+    @classmethod
+    def of(cls, ops) -> "OpFacts":
+        return cls().add(ops)
+
+    def add(self, ops) -> "OpFacts":
+        if not len(ops):
+            return self
+        self.n_ops += len(ops)
+        if self.first_calls is not None:
+            self.first_calls.add_ops(ops)
+        first, last = int(ops.start.min()), int(ops.end.max())
+        self.first_ns = first if self.first_ns is None else min(self.first_ns, first)
+        self.last_ns = last if self.last_ns is None else max(self.last_ns, last)
+        kernel = ops.kind == KIND_KERNEL
+        if not kernel.any():
+            return self
+        for dev in unique(ops.device[kernel]):
+            sel = kernel & (ops.device == dev)
+            d = self.devices.setdefault(int(dev), [set(), 0, 0, None, None, 0])
+            d[0].update(unique(ops.launch_key[sel] >> 32).tolist())
+            d[1] += int(sel.sum())
+            d[2] += int((ops.graph_node[sel] >= 0).sum())
+            lo, hi = int(ops.start[sel].min()), int(ops.end[sel].max())
+            d[3] = lo if d[3] is None else min(d[3], lo)
+            d[4] = hi if d[4] is None else max(d[4], hi)
+            d[5] += int((ops.end[sel] - ops.start[sel]).sum())
         demangled, short_ids = ops.demangled_id[kernel], ops.name_id[kernel]
         ids = unique(demangled)  # sorted ids; each row's place among them (np.unique's inverse, by a search)
         inverse = np.searchsorted(ids, demangled)
         counts = np.bincount(inverse)
         ns = np.bincount(inverse, weights=(ops.end - ops.start)[kernel])
-        # each name's short name as its last kernel row gives it
-        last = np.zeros(len(ids), dtype=np.int64)
+        last = np.zeros(len(ids), dtype=np.int64)  # each name's last kernel row here
         np.maximum.at(last, inverse, np.arange(len(demangled)))
-        short_of = dict(zip(ids.tolist(), short_ids[last].tolist()))
-        strings = source.strings(list(ids) + [short_of[int(i)] for i in ids])
-        for i, c, t in sorted(zip(ids.tolist(), counts.tolist(), ns.tolist()), key=lambda r: -r[2]):
-            names.append((strings.get(i), strings.get(short_of[i]), c, int(round(t))))
+        for i, c, t, short in zip(ids.tolist(), counts.tolist(), ns.tolist(), short_ids[last].tolist()):
+            entry = self.names.setdefault(i, [0, 0, short])
+            entry[0] += c
+            entry[1] += int(round(t))  # exact: a window's sum of integer ns is far below 2**53
+            entry[2] = short
+        return self
+
+    def device_rows(self) -> list:
+        return [{"deviceId": dev, "processes": len(d[0]), "kernels": d[1], "graph_node_kernels": d[2],
+                 "first_start_ns": d[3], "last_end_ns": d[4], "kernel_ns": d[5]}
+                for dev, d in sorted(self.devices.items())]
+
+
+def gather(source, ops) -> Facts:
+    """The facts of a capture from its reader and its ops (trace/ops.py Ops, or an OpFacts already summed)."""
+    op_facts = ops if isinstance(ops, OpFacts) else OpFacts.of(ops)
+    devices = op_facts.device_rows()
+    api = source.api_calls()
+    calls = (int(len(api["kind"])), int((api["kind"] == 0).sum()))
+    names = []
+    if op_facts.names:
+        ids = sorted(op_facts.names)
+        strings = source.strings(ids + [op_facts.names[i][2] for i in ids])
+        for i in sorted(ids, key=lambda i: -op_facts.names[i][1]):
+            c, t, short = op_facts.names[i]
+            names.append((strings.get(i), strings.get(short), c, t))
     facts = Facts(devices=devices, calls=calls, names=names, api=api, format=source.format)
     tables = source.nsys_tables()
     if tables is not None:

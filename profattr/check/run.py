@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 
 from profattr.check import SKIP, backend, completeness, recording, timing
-from profattr.check.facts import gather
+from profattr.check.facts import OpFacts, gather
 from profattr.check.locate import Capture, locate
 from profattr.errors import ProfattrError
 from profattr.run_record import RunRecord
@@ -50,16 +50,20 @@ def evaluate(path, run: RunRecord | None = None, twin=None) -> tuple:
     return findings, budget
 
 
-def evaluate_budget(source, budget, run: RunRecord | None = None) -> list:
-    """All checks on a capture already open as `source`, with the budget its caller computed from it (keeping its
-    attribution): the checks that count steps count the caller's steps, so a report's checks and budgets agree."""
-    if budget.attribution is None:
-        raise ValueError("evaluate_budget needs compute_budget(..., keep_attribution=True)")
-    return _checks(source, run, budget, budget.attribution.ops, None)
+def evaluate_budget(source, budget, run: RunRecord | None = None, op_facts: OpFacts | None = None) -> list:
+    """All checks on a capture already open as `source`, with the budget its caller computed from it: the checks
+    that count steps count the caller's steps, so a report's checks and budgets agree. The ops are the budget's
+    attribution's, or `op_facts`, their facts summed by the caller (a window at a time)."""
+    if op_facts is None and budget.attribution is None:
+        raise ValueError("evaluate_budget needs compute_budget(..., keep_attribution=True) or op_facts")
+    return _checks(source, run, budget, op_facts if op_facts is not None else OpFacts.of(budget.attribution.ops),
+                   None)
 
 
 def _checks(source, run: RunRecord | None, budget, ops, why_not) -> list:
-    """The findings, in their fixed order, from an open reader, its ops and its budget (None: `why_not` says why)."""
+    """The findings, in their fixed order, from an open reader, its ops (or their facts.OpFacts) and its budget
+    (None: `why_not` says why)."""
+    ops = ops if isinstance(ops, OpFacts) else OpFacts.of(ops)
     facts = gather(source, ops)
     cuda = recording.traced_cuda(run, facts) is not False
     findings = [recording.check_kernels(run, facts)]
@@ -76,7 +80,7 @@ def _checks(source, run: RunRecord | None, budget, ops, why_not) -> list:
                      completeness.check_profiler_version(run, source, facts),
                      backend.check_backend(run, facts.names),
                      backend.check_server_log(run),
-                     timing.check_first_calls(source, facts.devices, run),
+                     timing.check_first_calls(source, facts.devices, run, ops.first_calls),
                      timing.check_steady_state(budget)]
     fp4 = backend.check_fp4_backend(run, facts.names) if cuda else None
     if fp4 is not None and fp4.status != SKIP:  # listed only for captures with FP4 work or an FP4 backend

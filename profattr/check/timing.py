@@ -6,6 +6,7 @@ import numpy as np
 
 from profattr.attribute.steady import steady_state
 from profattr.check import FAIL, PASS, SKIP, WARN, Finding, short
+from profattr.check.first_calls import FirstCalls
 from profattr.run_record import RunRecord, or_empty
 
 # first-call outliers: a kernel's first run this many times its median, and longer than the median by this much
@@ -33,18 +34,14 @@ def _is_collective(name: str) -> bool:
     return str(load_rules().classify(name or "")).startswith("comm.")
 
 
-def _late_peer(seq: dict, names: dict, outlier: tuple) -> tuple:
+def _late_peer(calls: FirstCalls, names: dict, outlier: tuple) -> tuple:
     """For a collective's slow first call: (wait_ns, late devices, the latest device's own first-call ns) when
     another device reached its first call of the same kernel later, so the slow call was this device waiting for
     that rank; (0, [], 0) otherwise."""
     _excess, name_id, dev, first_ns, _med = outlier
     if not _is_collective(names.get(name_id) or ""):
         return 0, [], 0
-    same = seq["name"] == name_id
-    first: dict = {}  # device -> (start, duration) of its first call of this kernel
-    for d, s, du in zip(seq["device"][same].tolist(), seq["start"][same].tolist(), seq["duration"][same].tolist()):
-        if d not in first or s < first[d][0]:
-            first[d] = (s, du)
+    first = calls.first_calls_of(name_id)  # device -> (start, duration) of its first call of this kernel
     if dev not in first:
         return 0, [], 0
     mine = first[dev][0]
@@ -56,99 +53,33 @@ def _late_peer(seq: dict, names: dict, outlier: tuple) -> tuple:
     return wait, sorted(d for d, lag in late.items() if lag >= wait / 2), first[latest][1]
 
 
-KEY_COLUMNS = ["device", "name", "gx", "gy", "gz", "bx", "by", "bz"]
-KEY_FIELDS = [(("device", 31), ("name", 32)), (("gx", 31), ("gy", 16), ("gz", 16)),
-              (("bx", 16), ("by", 16), ("bz", 16))]  # packed keys: (column, bits), most significant first
-
-
-def _config_keys(seq: dict) -> list:
-    """A kernel's launch-configuration key (device, name, grid, block) as three packed integer columns, which sort
-    and compare as the eight columns do (each field fits its bits), and cost a third of sorting eight; the eight
-    columns themselves when a value does not fit."""
-    packed = []
-    for fields in KEY_FIELDS:
-        value = np.zeros(len(seq["start"]), dtype=np.int64)
-        for column, bits in fields:
-            v = np.asarray(seq[column], dtype=np.int64)
-            if len(v) and (v.min() < 0 or v.max() >= 1 << bits):
-                return [seq[c] for c in KEY_COLUMNS]
-            value = (value << bits) | v
-        packed.append(value)
-    return packed
-
-
-def _config_order(start: np.ndarray, keys: list) -> tuple:
-    """(order, first index of each configuration's run in that order): the kernels by configuration (the keys,
-    compared in turn), then by start, then as given: np.lexsort of the keys and the starts. Kernels already in
-    start order (as the op store holds them) are ordered by one stable sort of each one's configuration rank: the
-    distinct configurations are found by hashing (pandas.factorize) and the few of them ranked by their keys,
-    instead of four sorts of every kernel."""
-    rank = _config_rank(keys) if len(start) > 1 and bool((start[1:] >= start[:-1]).all()) else None
-    if rank is None:
-        order = np.lexsort([start] + keys[::-1])
-        key = np.stack([k[order] for k in keys], axis=1)
-        return order, np.flatnonzero(np.r_[True, (key[1:] != key[:-1]).any(axis=1)])
-    order = np.argsort(rank, kind="stable")
-    ranked = rank[order]
-    return order, np.flatnonzero(np.r_[True, ranked[1:] != ranked[:-1]])
-
-
-def _config_rank(keys: list) -> np.ndarray | None:
-    """Each row's rank among the distinct key tuples in the keys' lexicographic order (the narrowest unsigned
-    type, for numpy's radix sort); None when the tuples' codes would not fit 62 bits."""
-    import pandas as pd
-
-    code = np.zeros(len(keys[0]), dtype=np.int64)
-    values, width = [], 1
-    for k in keys:  # one mixed-radix code per row, from each key's own codes
-        codes, uniques = pd.factorize(np.asarray(k, dtype=np.int64), sort=False)
-        width *= max(len(uniques), 1)
-        if width >= 1 << 62:
-            return None
-        code = code * len(uniques) + codes
-        values.append(uniques)
-    codes, combos = pd.factorize(code, sort=False)
-    digits = []
-    rest = combos.astype(np.int64)
-    for uniques in values[::-1]:  # the key values of each distinct combination, back from its code
-        digits.append(uniques[rest % len(uniques)])
-        rest = rest // len(uniques)
-    by_key = np.lexsort(digits)  # digits are the keys last to first: lexsort's last key is the primary one
-    rank = np.empty(len(combos), dtype=np.int64)
-    rank[by_key] = np.arange(len(combos))
-    dtype = np.uint8 if len(combos) <= 1 << 8 else np.uint16 if len(combos) <= 1 << 16 else np.uint32
-    return rank.astype(dtype)[codes]
-
-
-def check_first_calls(source, devices: list, run: RunRecord | None = None) -> Finding:
+def check_first_calls(source, devices: list, run: RunRecord | None = None, calls: FirstCalls | None = None) -> Finding:
+    """Kernels whose first call of a launch configuration ran far longer than its others (JIT, autotuning), or,
+    called once, long and early in the window. `calls`: the figures already summed (first_calls.py FirstCalls,
+    window by window), else they come from the reader's kernel_configs."""
     if not devices:
         return Finding("first_calls", SKIP, "no kernels")
-    seq = source.kernel_configs()
-    if not len(seq["start"]):
+    if calls is None or not calls.usable:
+        calls = FirstCalls.of_configs(source.kernel_configs())
+    if not calls.configs:
         return Finding("first_calls", SKIP, "no kernels")
-    order, starts = _config_order(np.asarray(seq["start"]), _config_keys(seq))
-    # only the columns read below are gathered (the key's are compared packed)
-    seq = {k: np.asarray(seq[k])[order] for k in ("start", "duration", "device", "name")}
-    total_ns = int(seq["duration"].sum())
-    ends = np.r_[starts[1:], len(order)]
+    total_ns = calls.total_ns
     window_start = {d["deviceId"]: d["first_start_ns"] for d in devices}
     window_len = {d["deviceId"]: max(1, d["last_end_ns"] - d["first_start_ns"]) for d in devices}
-    median_all = float(np.median(seq["duration"]))
+    median_all = calls.durations.median()
     outliers = []
-    for s, e in zip(starts, ends):
-        durations = seq["duration"][s:e]
-        first = int(durations[0])
-        dev = int(seq["device"][s])
+    for key, (first, first_start, n_calls, rest) in calls.configs.items():
+        dev, name_id = key[0], key[1]
         if dev not in window_start:
             continue
-        if e - s >= FIRST_CALL_MIN_RUNS:
-            med = float(np.median(durations[1:]))
+        if n_calls >= FIRST_CALL_MIN_RUNS:
+            med = rest.median()
             if first > FIRST_CALL_RATIO * med and first - med > FIRST_CALL_MIN_EXCESS_NS:
-                outliers.append((first - med, int(seq["name"][s]), dev, first, med))
-        elif e - s == 1:
-            early = (int(seq["start"][s]) - window_start[dev]) <= ONE_OFF_EARLY_SHARE * window_len[dev]
+                outliers.append((first - med, name_id, dev, first, med))
+        elif n_calls == 1:
+            early = (first_start - window_start[dev]) <= ONE_OFF_EARLY_SHARE * window_len[dev]
             if early and first >= ONE_OFF_MIN_NS and first > FIRST_CALL_RATIO * median_all:
-                outliers.append((first - median_all, int(seq["name"][s]), dev, first, median_all))
+                outliers.append((first - median_all, name_id, dev, first, median_all))
     if not outliers:
         return Finding("first_calls", PASS, "no first-call outliers (JIT, autotuning) inside the window")
     outliers.sort(reverse=True)
@@ -157,7 +88,7 @@ def check_first_calls(source, devices: list, run: RunRecord | None = None) -> Fi
     names = source.strings(o[1] for o in outliers)
     worst = outliers[0]
     name = short(names.get(worst[1], f"<string {worst[1]}>"))
-    wait_ns, late, late_own_ns = _late_peer(seq, names, worst)
+    wait_ns, late, late_own_ns = _late_peer(calls, names, worst)
     data = {"outliers": len(outliers), "excess_ms": excess / 1e6, "share_of_kernel_time": share,
             "worst": [{"name": names.get(o[1]), "device": o[2], "first_ms": o[3] / 1e6, "median_ms": o[4] / 1e6}
                       for o in outliers[:3]]}

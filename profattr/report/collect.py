@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from profattr import progress
-from profattr.attribute.budget import compute_budget, opened
+from profattr.attribute.budget import ONE_WINDOW, compute_budget, opened
 from profattr.attribute.host_cycle import host_cycle
 from profattr.attribute.diff import BOOTSTRAP_SAMPLES, Side, compute_diff, expand, group, load_side
 from profattr.errors import ProfattrError
@@ -18,6 +18,7 @@ from profattr.report.bottlenecks import rank_bottlenecks
 from profattr.report.budget_view import exclusive_ms
 from profattr.report.launches import launch_stats
 from profattr.report.timeline import capture_views
+from profattr.report.window_views import window_views
 from profattr.run_record import RunRecord, or_empty
 from profattr.taxonomy.classify import load_rules
 from profattr.trace.cache import build_stores
@@ -114,12 +115,13 @@ def read_run(path: Path):
     return run, str(run_path), None
 
 
-def lint_findings(path: Path, run: Optional[RunRecord], source, budget, defaults: bool = True):
+def lint_findings(path: Path, run: Optional[RunRecord], source, budget, defaults: bool = True, op_facts=None):
     """(finding dicts or None, source, note): source `run.json` when the capture recorded `profattr check`'s
     findings and the report's budget is what they were computed on (`defaults`: the default steps, rules and no
     skipped steps, as `profattr capture` checks), `now` when they were computed here (from `source`, the capture's
     open reader, and `budget`, the report's budget of it: the checks count the report's steps and rules; note: why
-    not the recorded ones), `none` (with the reason in note) when neither worked."""
+    not the recorded ones), `none` (with the reason in note) when neither worked. `op_facts`: the facts of the
+    capture's ops (check/facts.py OpFacts) where the budget keeps no attribution."""
     recorded = or_empty(run).check_findings
     if defaults and recorded is not None:
         return recorded, "run.json", None
@@ -127,7 +129,7 @@ def lint_findings(path: Path, run: Optional[RunRecord], source, budget, defaults
     try:
         from profattr.check.run import evaluate_budget, fresh_server_log, located
 
-        findings = evaluate_budget(source, budget, fresh_server_log(located(path)))
+        findings = evaluate_budget(source, budget, fresh_server_log(located(path)), op_facts)
     except ProfattrError as exc:
         return None, "none", exc.format_message()
     return [f.to_dict() for f in findings], "now", why
@@ -247,6 +249,7 @@ def collect_report(paths: Sequence, labels: Optional[Sequence[str]] = None, step
     if labels is not None and len(labels) != len(paths):
         raise ProfattrError(f"--labels gives {len(labels)} label(s) for {len(paths)} capture(s); give one per capture")
     captures, projection = [], None
+    ruleset = load_rules(rules)
     # the checks `profattr capture` recorded were computed on the default steps and rules: shown only then
     defaults = steps == "auto" and not rules and skip_steps in (None, 0, "0")
     if not force_export:  # the exports read at once, a process per core (--force exports them again first)
@@ -262,15 +265,22 @@ def collect_report(paths: Sequence, labels: Optional[Sequence[str]] = None, step
         by = "layer" if mapping or layers else "category"
         with opened(path, force=force_export) as source:  # opened once: every view below reads this reader
             with progress.stage(f"budget of {Path(path).name}"):
-                budget = compute_budget(source, steps=steps, rules=rules, force=force_export, keep_attribution=True,
-                                        skip_steps=skip_steps, mapping=mapping, by=by)
-            launches = launch_stats(budget, source)
+                budget = compute_budget(source, steps=steps, rules=ruleset, force=force_export,
+                                        keep_attribution=ONE_WINDOW, skip_steps=skip_steps, mapping=mapping, by=by)
+                # window by window where the budget was (window_views.py), else from its attribution
+                read = window_views(budget, source, ruleset)
+            if read is not None:
+                launches, views, op_facts = read.launches, read.timeline, read.op_facts
+            else:
+                launches = launch_stats(budget, source)
+                views = capture_views(budget, source=source)  # the median step of each GPU (report/timeline.py)
+                op_facts = None
             _add_graph_tracing(launches, source, (graph_twins or {}).get(given))
-            views = capture_views(budget, source=source)  # the median step of each GPU (report/timeline.py)
-            checks, checks_source, checks_note = lint_findings(Path(budget.path), run, source, budget, defaults)
+            checks, checks_source, checks_note = lint_findings(Path(budget.path), run, source, budget, defaults,
+                                                               op_facts)
             projected = project_to is not None and not captures  # the first capture, with --to
             host = host_cycle(source) if projected else None
-        budget.attribution = None  # the arrays are no longer needed; the diff needs only the per-step tables
+        budget.attribution = budget.windowed = None  # no longer needed: the diff needs only the per-step tables
         data = budget.to_dict()
         if projected:  # from the report's own budget of it: not opened again
             from profattr.limits.projection import project_capture

@@ -56,19 +56,47 @@ def idle_intervals(step: np.ndarray, start: np.ndarray, end: np.ndarray, with_st
     return gs[order], ge[order]
 
 
-def overlap_with(gs: np.ndarray, ge: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
-    """Per interval [start, end): its overlap (ns) with the union of the disjoint sorted gaps [gs, ge)."""
+GAPS_PER_CHUNK = 1 << 16  # gaps measured against the calls at a time: sums stay far inside int64
+
+
+def overlap_ns(gs: np.ndarray, ge: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Per interval [start, end): its overlap (int64 ns) with the gaps [gs, ge), summed over the gaps (a gap counts
+    once however many others overlap it: the gaps of one step are disjoint, those of two overlapping steps are each
+    that step's idle). Exact integers; additive over any split of the gaps, so a window of gaps at a time adds up
+    to all of them at once."""
+    out = np.zeros(len(start), dtype=np.int64)
     if len(gs) == 0 or len(start) == 0:
-        return np.zeros(len(start), dtype=np.float64)
-    length = (ge - gs).astype(np.float64)
-    before = np.concatenate([[0.0], np.cumsum(length)])
+        return out
+    gs, ge = np.asarray(gs, dtype=np.int64), np.asarray(ge, dtype=np.int64)
+    order = np.argsort(gs, kind="stable")
+    gs, ge = gs[order], ge[order]
+    start, end = np.asarray(start, dtype=np.int64), np.asarray(end, dtype=np.int64)
+    for lo in range(0, len(gs), GAPS_PER_CHUNK):
+        out += _chunk_overlap(gs[lo:lo + GAPS_PER_CHUNK], ge[lo:lo + GAPS_PER_CHUNK], start, end)
+    return out
 
-    def covered(t: np.ndarray) -> np.ndarray:  # total gap time before t
-        i = np.searchsorted(gs, t, side="right") - 1
-        inside = np.clip(t - gs[np.clip(i, 0, None)], 0, length[np.clip(i, 0, None)])
-        return np.where(i >= 0, before[np.clip(i, 0, None)] + inside, 0.0)
 
-    return np.clip(covered(end.astype(np.float64)) - covered(start.astype(np.float64)), 0.0, None)
+def _chunk_overlap(gs, ge, start, end) -> np.ndarray:
+    """overlap_ns for gaps sorted by start, times taken from the chunk's first gap start (small sums).
+
+    F(t), the gap time before t summed over gaps, is the closed gaps' lengths plus (t - gs) of those still open;
+    an interval's overlap is F(end) - F(start)."""
+    origin = int(gs[0])
+    s_gs = gs - origin
+    by_end = np.argsort(ge, kind="stable")
+    e_ge = ge[by_end] - origin
+    length_before = np.concatenate([[0], np.cumsum(e_ge - s_gs[by_end])])  # closed gaps' lengths, by end
+    gs_closed = np.concatenate([[0], np.cumsum(s_gs[by_end])])  # closed gaps' starts, by end
+    gs_started = np.concatenate([[0], np.cumsum(s_gs)])  # started gaps' starts, by start
+
+    def before(t):
+        t = np.clip(t - origin, -1, int(e_ge[-1]) + 1)  # nothing changes outside the chunk's span
+        closed = np.searchsorted(e_ge, t, side="right")
+        started = np.searchsorted(s_gs, t, side="left")
+        open_ = started - closed
+        return length_before[closed] + open_ * t - (gs_started[started] - gs_closed[closed])
+
+    return before(end) - before(start)
 
 
 def enclosing_steps(ranges: pd.DataFrame, steps) -> np.ndarray:
@@ -101,38 +129,102 @@ def leaf_ranges(ranges: pd.DataFrame) -> np.ndarray:
     return out
 
 
+class _Sorted:
+    """Intervals sorted by start, with the running maximum of their ends: the ones that can overlap a time range
+    are one slice (those that start before its end, from the first whose running end passes its start)."""
+
+    def __init__(self, start: np.ndarray, end: np.ndarray):
+        self.order = np.argsort(start, kind="stable")
+        self.start = np.asarray(start, dtype=np.int64)[self.order]
+        self.end = np.asarray(end, dtype=np.int64)[self.order]
+        self.reach = np.maximum.accumulate(self.end) if len(self.end) else self.end
+
+    def around(self, lo: int, hi: int) -> slice:
+        return slice(int(np.searchsorted(self.reach, lo, side="right")), int(np.searchsorted(self.start, hi)))
+
+
+class HostCalls:
+    """A capture's host activity, sorted once: its CUDA API calls, and its innermost NVTX ranges that enclose no
+    step (host_activity's figures); `tally()` sums what overlaps one device's idle gaps, a set of gaps at a time."""
+
+    def __init__(self, api: dict, ranges: pd.DataFrame | None, steps):
+        self.api = None
+        if len(api.get("kind", [])):
+            self.api = _Sorted(api["start"], api["end"])
+            self.kind = np.asarray(api["kind"], dtype=np.int64)[self.api.order]
+        self.ranges, self.short = None, None
+        if ranges is not None and len(ranges):
+            # innermost ranges only (a parent says less than its children), and none around a whole step
+            self.short = np.flatnonzero(leaf_ranges(ranges) & ~enclosing_steps(ranges, steps))
+            self.texts = ranges["text"].to_numpy()[self.short]
+            self.ranges = _Sorted(ranges["start"].to_numpy(np.int64)[self.short],
+                                  ranges["end"].to_numpy(np.int64)[self.short])
+
+    def tally(self) -> "HostTally":
+        return HostTally(self)
+
+
+class HostTally:
+    """The idle time and what overlapped it, summed over the sets of gaps added (exact integers in ns)."""
+
+    def __init__(self, calls: HostCalls):
+        self.calls = calls
+        self.idle_ns = 0
+        self.kind_ns = np.zeros(len(KINDS), dtype=np.int64)
+        self.range_ns = np.zeros(len(calls.short) if calls.short is not None else 0, dtype=np.int64)
+
+    def add(self, gs: np.ndarray, ge: np.ndarray) -> "HostTally":
+        if not len(gs):
+            return self
+        self.idle_ns += int((ge - gs).sum())
+        lo, hi = int(gs.min()), int(ge.max())
+        c = self.calls
+        if c.api is not None:
+            at = c.api.around(lo, hi)
+            ov = overlap_ns(gs, ge, c.api.start[at], c.api.end[at])
+            kind = c.kind[at]
+            for k in range(len(KINDS)):
+                self.kind_ns[k] += int(ov[kind == k].sum())
+        if c.ranges is not None:
+            at = c.ranges.around(lo, hi)
+            ov = overlap_ns(gs, ge, c.ranges.start[at], c.ranges.end[at])
+            np.add.at(self.range_ns, c.ranges.order[at], ov)
+        return self
+
+    def result(self, n_steps: int) -> dict:
+        """{"idle_ms_per_step", "api": [{kind, ms_per_step}], "nvtx": [{text, ms_per_step}]}: the top host
+        activities during the idle gaps, per step."""
+        n = max(n_steps, 1)
+        out = {"idle_ms_per_step": float(self.idle_ns) / n / NS_PER_MS, "api": [], "nvtx": []}
+        c = self.calls
+        if c.api is not None:
+            for k, name in enumerate(KINDS):
+                ms = float(self.kind_ns[k]) / n / NS_PER_MS
+                if ms > 0:
+                    out["api"].append({"kind": name, "ms_per_step": ms})
+            out["api"].sort(key=lambda r: -r["ms_per_step"])
+        if c.ranges is not None:
+            frame = pd.DataFrame({"text": c.texts, "ns": self.range_ns.astype(np.float64)})
+            frame = frame[frame["ns"] > 0]
+            top = frame.groupby("text", sort=False)["ns"].sum().sort_values(ascending=False).head(TOP)
+            out["nvtx"] = [{"text": clean(str(t)), "ms_per_step": float(v) / n / NS_PER_MS} for t, v in top.items()]
+        return out
+
+
 def host_activity(gs, ge, api: dict, ranges: pd.DataFrame | None, steps, n_steps: int) -> dict:
-    """{"idle_ms_per_step", "api": [{kind, ms_per_step}], "nvtx": [{text, ms_per_step}]}: the top host activities
-    during the idle gaps, per step."""
-    n = max(n_steps, 1)
-    out = {"idle_ms_per_step": float((ge - gs).sum()) / n / NS_PER_MS, "api": [], "nvtx": []}
-    if len(api.get("kind", [])):
-        ov = overlap_with(gs, ge, api["start"], api["end"])
-        for k, name in enumerate(KINDS):
-            ms = float(ov[api["kind"] == k].sum()) / n / NS_PER_MS
-            if ms > 0:
-                out["api"].append({"kind": name, "ms_per_step": ms})
-        out["api"].sort(key=lambda r: -r["ms_per_step"])
-    if ranges is not None and len(ranges):
-        start = ranges["start"].to_numpy(np.int64)
-        end = ranges["end"].to_numpy(np.int64)
-        # innermost ranges only (a parent says less than its children), and none around a whole step
-        short = leaf_ranges(ranges) & ~enclosing_steps(ranges, steps)
-        ov = overlap_with(gs, ge, start[short], end[short])
-        frame = pd.DataFrame({"text": ranges["text"].to_numpy()[short], "ns": ov})
-        frame = frame[frame["ns"] > 0]
-        top = frame.groupby("text", sort=False)["ns"].sum().sort_values(ascending=False).head(TOP)
-        out["nvtx"] = [{"text": clean(str(t)), "ms_per_step": float(v) / n / NS_PER_MS} for t, v in top.items()]
-    return out
+    """HostTally.result of the gaps [gs, ge) all at once."""
+    return HostCalls(api, ranges, steps).tally().add(gs, ge).result(n_steps)
 
 
 def in_gaps(gs: np.ndarray, ge: np.ndarray, gap_tid: np.ndarray, tid: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """Per sample (tid, t): it lies inside a gap [gs, ge) of the disjoint sorted gaps, on that gap's thread."""
+    """Per sample (tid, t): it lies inside a gap [gs, ge) of the disjoint sorted gaps, on that gap's thread
+    (`gap_tid` None: on any thread)."""
     if len(gs) == 0 or len(t) == 0:
         return np.zeros(len(t), dtype=bool)
     i = np.searchsorted(gs, t, side="right") - 1
     j = np.clip(i, 0, None)
-    return (i >= 0) & (t < ge[j]) & (tid == gap_tid[j])
+    inside = (i >= 0) & (t < ge[j])
+    return inside if gap_tid is None else inside & (tid == gap_tid[j])
 
 
 def sample_period(tid: np.ndarray, t: np.ndarray) -> float | None:
@@ -157,17 +249,27 @@ def split_frame(symbol: str, module: str) -> tuple:
 
 def sample_summary(gs, ge, gap_tid, samples: dict | None, names: dict, n_steps: int,
                    period_ns: float | None = None) -> dict | None:
-    """{"samples_per_step", "period_ms", "share_of_idle", "functions": [{function, module, python, samples_per_step,
-    share_of_idle}]}: the samples of each gap's thread inside the gaps, the top functions first; None without
-    samples. `names`: StringIds id -> text; `period_ns`: the capture's sampling period (else estimated)."""
+    """samples_in_gaps of the gaps [gs, ge) (disjoint, sorted), each on its thread `gap_tid`."""
     if samples is None or not len(samples["tid"]):
         return None
     inside = in_gaps(gs, ge, gap_tid, samples["tid"], samples["start"])
+    return samples_in_gaps(inside, set(unique(gap_tid).tolist()), samples, names, n_steps, period_ns,
+                           int((ge - gs).sum()))
+
+
+def samples_in_gaps(inside: np.ndarray, gap_threads: set, samples: dict | None, names: dict, n_steps: int,
+                    period_ns: float | None, idle_ns: int) -> dict | None:
+    """{"samples_per_step", "period_ms", "share_of_idle", "functions": [{function, module, python, samples_per_step,
+    share_of_idle}]}: the samples inside the gaps (`inside`, per sample: in a gap, on that gap's thread), the top
+    functions first; None without samples. `names`: StringIds id -> text; `period_ns`: the capture's sampling
+    period (else estimated from the samples of `gap_threads`); `idle_ns`: the gaps' total time."""
+    if samples is None or not len(samples["tid"]):
+        return None
     n = max(n_steps, 1)
     if period_ns is None:
-        threads = np.isin(samples["tid"], unique(gap_tid))
+        threads = np.isin(samples["tid"], np.array(sorted(gap_threads), dtype=np.int64))
         period_ns = sample_period(samples["tid"][threads], samples["start"][threads])
-    idle = float((ge - gs).sum())
+    idle = float(idle_ns)
 
     def share(count):
         return count * period_ns / idle if period_ns and idle > 0 else None

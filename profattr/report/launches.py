@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from profattr.arrays import unique
+from profattr.arrays import Median, unique, value_counts
 from profattr.attribute.budget import Budget
 from profattr.report import host_gaps
 from profattr.trace.source import open_trace
@@ -30,7 +30,7 @@ GRAPH_MODE_SHARE = 0.5
 
 
 def launch_stats(budget: Budget, source=None) -> list:
-    """One dict per device of the budget (see the module docstring); the budget must keep its attribution.
+    """One dict per device of the budget (see the module docstring), from its attribution (all ops at once).
     `source`: the capture's reader, already open (else it is opened again from the budget's path)."""
     att = budget.attribution
     if att is None:
@@ -38,28 +38,35 @@ def launch_stats(budget: Budget, source=None) -> list:
     if source is None:
         with open_trace(budget.path) as opened:
             return launch_stats(budget, opened)
-    api = source.api_calls()
-    ranges = source.ranges()
-    samples, names, period = _samples(source)
-    calls = _calls_per_step(budget, api)
-    out = []
-    for d in budget.devices:
-        device = d["device"]
-        steps = budget.per_step.loc[budget.per_step["device"] == device, "step"].to_numpy()
-        rows = _device_rows(att, device)
-        gaps, largest = _gaps(att.step[rows], att.ops.start[rows], att.ops.end[rows])
-        stats = _device_stats(att, rows, gaps, largest, device, steps, calls, d)
-        stats.update(_replay_starts(att, rows, gaps, len(steps), api))
-        sel = (att.step >= 0) & (att.ops.device == device)
-        gs, ge, gap_step = host_gaps.idle_intervals(att.step[sel], att.ops.start[sel], att.ops.end[sel],
-                                                    with_step=True)
-        stats["host_in_idle"] = host_gaps.host_activity(gs, ge, api, ranges, att.steps, len(steps))
-        summary = host_gaps.sample_summary(gs, ge, _step_threads(att, device, gap_step), samples, names, len(steps),
-                                           period)
-        if summary is not None:  # only captures with CPU samples say anything about them
-            stats["host_in_idle"]["cpu_samples"] = summary
-        out.append(stats)
-    return out
+    tally = LaunchTally(budget, source, att.steps)
+    tally.add(att.ops, att.step)
+    return tally.finish()
+
+
+class LaunchTally:
+    """launch_stats summed a window of ops at a time (`add`: the ops in the reader's row order, windows in start
+    order, with each op's budget step) and finished once: every figure is a sum, a count, a maximum or an exact
+    median (arrays.Median) over the windows, so any split of the ops into such windows gives the same stats."""
+
+    def __init__(self, budget: Budget, source, steps, api: dict | None = None, ranges=None):
+        """`steps`: the budget's; `api`, `ranges`: the reader's api_calls() and ranges(), when already read."""
+        self.budget, self.steps = budget, steps
+        self.api = source.api_calls() if api is None else api
+        self.samples, self.names, self.period = _samples(source)
+        self.calls = _calls_per_step(steps, self.api)
+        self.host = host_gaps.HostCalls(self.api, source.ranges() if ranges is None else ranges, steps)
+        self.graph_calls = _graph_calls(self.api)
+        self.devices = {int(d["device"]): _DeviceTally(self, int(d["device"])) for d in budget.devices}
+
+    def add(self, ops, step: np.ndarray) -> None:
+        inside = step >= 0
+        for device, tally in self.devices.items():
+            tally.add(ops, step, np.flatnonzero(inside & (ops.device == device)))
+            if _whole(self.steps):  # the gaps' thread: the one that launched most of the device's ops
+                tally.count_launchers(ops.launch_tid[(ops.device == device) & ops.launched])
+
+    def finish(self) -> list:
+        return [self.devices[int(d["device"])].finish(d) for d in self.budget.devices]
 
 
 def _samples(source):
@@ -71,26 +78,242 @@ def _samples(source):
     return samples, source.strings(ids[ids >= 0]), source.sampling_period_ns()
 
 
-def _step_threads(att, device: int, gap_step: np.ndarray) -> np.ndarray:
-    """The CPU thread of each gap's step: the thread the step was found on (the one that launches its GPU work);
-    for a capture taken as one whole step, the thread that launched most of the device's ops."""
-    tid = np.asarray(att.steps.tid, dtype=np.int64)
-    if att.steps.source != "whole" and len(tid):
-        return tid[gap_step]
-    ops = att.ops
-    launch = ops.launch_tid[(ops.device == device) & ops.launched]
-    if not len(launch):
-        return np.full(len(gap_step), -1, dtype=np.int64)
-    values, counts = np.unique(launch, return_counts=True)
-    return np.full(len(gap_step), values[counts.argmax()], dtype=np.int64)
+def _whole(steps) -> bool:
+    """The capture is one whole step (no step's thread to charge its gaps to)."""
+    return steps.source == "whole" or not len(steps.tid)
 
 
-def _calls_per_step(budget: Budget, api: dict) -> np.ndarray | None:
+def _graph_calls(api: dict):
+    """The graph-launch calls, one per (thread, start), with their host duration; None when none were recorded."""
+    graph = api["kind"] == 0
+    if not graph.any():
+        return None
+    return pd.DataFrame({"tid": api["tid"][graph], "start": api["start"][graph],
+                         "dur": api["end"][graph] - api["start"][graph]}).drop_duplicates(["tid", "start"])
+
+
+class _DeviceTally:
+    """One device's part of LaunchTally: its ops inside steps in (step, start) order, a window at a time; the
+    latest end so far of each step carries over to the next window, so the gaps are those of all ops at once."""
+
+    def __init__(self, parent: LaunchTally, device: int):
+        self.parent, self.device = parent, device
+        n = len(parent.steps)
+        self.run_end = np.zeros(n, dtype=np.int64)  # per step: the latest end of its ops so far
+        self.seen = np.zeros(n, dtype=bool)  # per step: it has ops on this device
+        self.largest = np.zeros(n, dtype=np.int64)  # per step: its largest gap
+        self.rows = self.graph_rows = self.gap_graph_ns = self.gap_eager_ns = 0
+        self.positive = Median()  # the positive gaps
+        self.replay_keys = np.zeros(0, dtype=np.int64)  # launch keys of the replays met so far (sorted)
+        self.replays = self.replay_wait_ns = self.waited_launched = self.late = 0
+        self.waits, self.late_ns, self.call_to_node, self.call_ns = Median(), Median(), Median(), Median()
+        self.host = parent.host.tally()
+        self.launchers: dict = {}  # launching thread -> ops ("whole" steps: the gaps' thread)
+        self.gap_tids: set = set()  # the gaps' threads
+        self.had_gaps = False
+        samples = parent.samples
+        self.in_gap = np.zeros(len(samples["tid"]) if samples is not None else 0, dtype=bool)
+
+    def count_launchers(self, tids: np.ndarray) -> None:
+        for t, c in zip(*(x.tolist() for x in value_counts(tids))):
+            self.launchers[t] = self.launchers.get(t, 0) + c
+
+    def add(self, ops, step: np.ndarray, sel: np.ndarray) -> None:
+        if not len(sel):
+            return
+        rows = sel[np.lexsort((ops.start[sel], step[sel]))]
+        g, s, e = step[rows], ops.start[rows], ops.end[rows]
+        prev, has_prev = self._previous_ends(g, e)
+        gaps = np.where(has_prev, np.clip(s - prev, 0, None), 0)
+        graph = ops.graph_node[rows] >= 0
+        self.rows += len(rows)
+        self.graph_rows += int(graph.sum())
+        self.gap_graph_ns += int(gaps[graph].sum())
+        self.gap_eager_ns += int(gaps[~graph].sum())
+        self.positive.add(gaps[gaps > 0])
+        np.maximum.at(self.largest, g, gaps)
+        self._replays(ops, rows, gaps, graph)
+        keep = has_prev & (s > prev)  # the idle intervals: from the latest end so far to the next start
+        order = np.argsort(prev[keep], kind="stable")
+        gs, ge, gap_step = prev[keep][order], s[keep][order], g[keep][order]
+        self.host.add(gs, ge)
+        self._samples_in(gs, ge, gap_step)
+
+    def _previous_ends(self, g: np.ndarray, e: np.ndarray) -> tuple:
+        """Per op (in (step, start) order): the latest end of its step's earlier ops, here or in earlier windows,
+        and whether it has any; the steps' latest ends are then carried on."""
+        n = len(g)
+        first = np.ones(n, dtype=bool)
+        first[1:] = g[1:] != g[:-1]
+        # a running maximum restarting at each step: offsets make every later step's values larger
+        origin = int(e.min())
+        width = int(e.max()) - origin + 1
+        offset = (np.cumsum(first) - 1) * width
+        running = np.maximum.accumulate((e - origin) + offset) - offset + origin
+        within = np.empty(n, dtype=np.int64)
+        within[1:] = running[:-1]
+        carried = self.seen[g]
+        carry = self.run_end[g]
+        prev = np.where(first, carry, np.where(carried, np.maximum(within, carry), within))
+        has_prev = ~first | carried
+        last = np.concatenate([np.flatnonzero(first)[1:], [n]]) - 1  # each step's last op here
+        gl = g[last]
+        self.run_end[gl] = np.where(self.seen[gl], np.maximum(self.run_end[gl], running[last]), running[last])
+        self.seen[gl] = True
+        return prev, has_prev
+
+    def _replays(self, ops, rows: np.ndarray, gaps: np.ndarray, graph: np.ndarray) -> None:
+        """The gaps before the first node of each CUDA-graph replay (a replay: the graph ops of one launch, its
+        first node its earliest op; a replay met in an earlier window is not new here)."""
+        where = np.flatnonzero(graph)
+        if not len(where):
+            return
+        keys = ops.launch_key[rows][where]
+        uniq, first_at = np.unique(keys, return_index=True)
+        new = ~np.isin(uniq, self.replay_keys, assume_unique=True)
+        self.replay_keys = np.union1d(self.replay_keys, uniq)
+        first = where[first_at[new]]
+        wait = gaps[first]
+        self.replays += len(first)
+        self.replay_wait_ns += int(wait.sum())
+        waited = first[wait > 0]
+        if not len(waited):
+            return
+        self.waits.add(gaps[waited])
+        at = rows[waited]  # the op rows of the replays' first nodes
+        launched = ops.launched[at]
+        if not launched.any():
+            return
+        self.waited_launched += int(launched.sum())
+        idle_from = ops.start[at] - gaps[waited]  # when the GPU went idle before the replay
+        late_ns = np.clip(ops.launch_ns[at] - idle_from, 0, None)[launched]
+        self.late += int((late_ns > 0).sum())
+        self.late_ns.add(late_ns)
+        self.call_to_node.add(gaps[waited][launched] - late_ns)
+        calls = self.parent.graph_calls
+        if calls is not None:
+            found = pd.DataFrame({"tid": ops.launch_tid[at][launched], "start": ops.launch_ns[at][launched]}).merge(
+                calls, on=["tid", "start"], how="inner")
+            self.call_ns.add(found["dur"].to_numpy(np.int64))
+
+    def _samples_in(self, gs, ge, gap_step) -> None:
+        """Mark the CPU samples inside these gaps on the gap's thread: the thread the gap's step was found on; for
+        a capture taken as one whole step, the thread that launched most of the device's ops, known only at the
+        end (the samples inside the gaps on any thread are marked, and kept to that thread then)."""
+        samples, steps = self.parent.samples, self.parent.steps
+        if not len(gs):
+            return
+        self.had_gaps = True
+        if samples is None:
+            return
+        if _whole(steps):
+            self.in_gap |= host_gaps.in_gaps(gs, ge, None, samples["tid"], samples["start"])
+            return
+        gap_tid = np.asarray(steps.tid, dtype=np.int64)[gap_step]
+        self.gap_tids.update(unique(gap_tid).tolist())
+        self.in_gap |= host_gaps.in_gaps(gs, ge, gap_tid, samples["tid"], samples["start"])
+
+    def _sample_summary(self, n_steps: int):
+        p = self.parent
+        if p.samples is None:
+            return None
+        inside, threads = self.in_gap, self.gap_tids
+        if _whole(p.steps):
+            launcher = max(self.launchers.items(), key=lambda kv: (kv[1], -kv[0]))[0] if self.launchers else -1
+            inside = inside & (p.samples["tid"] == launcher)
+            threads = {launcher} if self.had_gaps else set()
+        return host_gaps.samples_in_gaps(inside, threads, p.samples, p.names, n_steps, p.period, self.host.idle_ns)
+
+    def _device_stats(self, steps: np.ndarray, d: dict) -> dict:
+        n_steps = max(len(steps), 1)
+        boundaries = max(self.rows - int(self.seen.sum()), 1)
+        calls = self.parent.calls
+        per_step_calls = calls[steps].mean(axis=0) if calls is not None and len(steps) else None
+        graph_ops = float(self.graph_rows) / n_steps
+        ops_per_step = float(self.rows) / n_steps
+        graph_launches = float(per_step_calls[0]) if per_step_calls is not None else None
+        if graph_ops >= GRAPH_MODE_SHARE * ops_per_step and ops_per_step:
+            mode = "graph"
+        elif graph_ops == 0:
+            mode = "eager"
+        else:
+            mode = "mixed"
+        mean_step = d["mean_step_ms"]
+        gap_ns = self.gap_graph_ns + self.gap_eager_ns
+        with_ops = int(self.seen.sum())
+        largest_ns = int(self.largest[self.seen].sum())
+        median_gap = self.positive.median()
+        return {
+            "device": self.device,
+            "steps": len(steps),
+            "mode": mode,
+            "ops_per_step": ops_per_step,
+            "kernels_per_step": d["kernels_per_step"],
+            "graph_ops_per_step": graph_ops,
+            "eager_ops_per_step": ops_per_step - graph_ops,
+            "graph_launches_per_step": graph_launches,
+            "kernel_launches_per_step": float(per_step_calls[1]) if per_step_calls is not None else None,
+            "memory_calls_per_step": float(per_step_calls[2]) if per_step_calls is not None else None,
+            "sync_calls_per_step": float(per_step_calls[3]) if per_step_calls is not None else None,
+            "sync_ms_per_step": float(per_step_calls[4]) / NS_PER_MS if per_step_calls is not None else None,
+            "mean_step_ms": mean_step,
+            "idle_ms_per_step": d["idle_ms_per_step"],
+            "idle_share": d["idle_ms_per_step"] / mean_step if mean_step else 0.0,
+            # gaps are charged to the op that ends them: waiting for a replayed node, or for an eager launch
+            "idle_before_graph_ops_ms": float(self.gap_graph_ns) / n_steps / NS_PER_MS,
+            "idle_before_eager_ops_ms": float(self.gap_eager_ns) / n_steps / NS_PER_MS,
+            "mean_gap_us": float(gap_ns) / boundaries / NS_PER_US,
+            "median_gap_us": median_gap / NS_PER_US if median_gap is not None else 0.0,
+            "largest_gap_us": float(largest_ns) / with_ops / NS_PER_US if with_ops else 0.0,
+            "largest_gap_share_of_idle": float(largest_ns) / float(gap_ns) if gap_ns > 0 else 0.0,
+        }
+
+    def _replay_stats(self, n_steps: int) -> dict:
+        """Per step (ms), the gaps before the first node of each CUDA-graph replay, and those between its nodes;
+        the median positive one (µs), the share of those replays whose cudaGraphLaunch began after the GPU had
+        gone idle, the median wait split into before that call and from the call to the first node (µs), and the
+        median host time of those launch calls (µs); the last four None where the launch calls were not
+        recorded."""
+        out = {"idle_before_replay_ms": 0.0, "idle_inside_replay_ms": None, "replays_per_step": 0.0,
+               "replay_wait_us": 0.0, "replay_host_late_share": None, "replay_before_call_us": None,
+               "replay_call_to_node_us": None, "graph_launch_call_us": None}
+        if not self.graph_rows:
+            return out
+        n = max(n_steps, 1)
+        out["idle_before_replay_ms"] = float(self.replay_wait_ns) / n / NS_PER_MS
+        out["replays_per_step"] = self.replays / n
+        out["idle_inside_replay_ms"] = float(self.gap_graph_ns) / n / NS_PER_MS - out["idle_before_replay_ms"]
+        if not len(self.waits):
+            return out
+        out["replay_wait_us"] = self.waits.median() / NS_PER_US
+        if not self.waited_launched:
+            return out
+        out["replay_host_late_share"] = float(self.late) / self.waited_launched
+        # the wait split: before the host called cudaGraphLaunch, and from that call to the first node
+        out["replay_before_call_us"] = self.late_ns.median() / NS_PER_US
+        out["replay_call_to_node_us"] = self.call_to_node.median() / NS_PER_US
+        found = self.call_ns.median()
+        out["graph_launch_call_us"] = found / NS_PER_US if found is not None else None
+        return out
+
+    def finish(self, d: dict) -> dict:
+        p = self.parent
+        budget = p.budget
+        steps = budget.per_step.loc[budget.per_step["device"] == self.device, "step"].to_numpy()
+        stats = self._device_stats(steps, d)
+        stats.update(self._replay_stats(len(steps)))
+        stats["host_in_idle"] = self.host.result(len(steps))
+        summary = self._sample_summary(len(steps))
+        if summary is not None:  # only captures with CPU samples say anything about them
+            stats["host_in_idle"]["cpu_samples"] = summary
+        return stats
+
+
+def _calls_per_step(st, api: dict) -> np.ndarray | None:
     """Array steps x (graph, kernel, memory, sync, sync_ns) of CUDA API calls; None without recorded calls.
 
     A call belongs to the step whose interval on its thread holds the call's start (Steps.assign), as GPU work
-    belongs to the step of its launch."""
-    st = budget.attribution.steps
+    belongs to the step of its launch (`st`: the budget's steps)."""
     n = len(st)
     if n == 0 or not len(api["kind"]):
         return None
@@ -104,124 +327,3 @@ def _calls_per_step(budget: Budget, api: dict) -> np.ndarray | None:
     return counts
 
 
-def _device_rows(att, device: int) -> np.ndarray:
-    """Indices of the device's ops inside steps, in (step, start) order: the order the gaps are taken in."""
-    sel = np.flatnonzero((att.step >= 0) & (att.ops.device == device))
-    return sel[np.lexsort((att.ops.start[sel], att.step[sel]))]
-
-
-def _device_stats(att, rows: np.ndarray, gaps: np.ndarray, largest: np.ndarray, device: int, steps: np.ndarray,
-                  calls, d: dict) -> dict:
-    """`rows` and `gaps`: the device's ops in step order and the gap before each (_device_rows, _gaps)."""
-    step, start = att.step[rows], att.ops.start[rows]
-    graph = att.ops.graph_node[rows] >= 0
-    n_steps = max(len(steps), 1)
-    positive = gaps[gaps > 0]
-    boundaries = max(len(start) - len(unique(step)), 1)
-    per_step_calls = calls[steps].mean(axis=0) if calls is not None and len(steps) else None
-    graph_ops = float(graph.sum()) / n_steps
-    ops_per_step = float(len(start)) / n_steps
-    graph_launches = float(per_step_calls[0]) if per_step_calls is not None else None
-    if graph_ops >= GRAPH_MODE_SHARE * ops_per_step and ops_per_step:
-        mode = "graph"
-    elif graph_ops == 0:
-        mode = "eager"
-    else:
-        mode = "mixed"
-    mean_step = d["mean_step_ms"]
-    return {
-        "device": device,
-        "steps": len(steps),
-        "mode": mode,
-        "ops_per_step": ops_per_step,
-        "kernels_per_step": d["kernels_per_step"],
-        "graph_ops_per_step": graph_ops,
-        "eager_ops_per_step": ops_per_step - graph_ops,
-        "graph_launches_per_step": graph_launches,
-        "kernel_launches_per_step": float(per_step_calls[1]) if per_step_calls is not None else None,
-        "memory_calls_per_step": float(per_step_calls[2]) if per_step_calls is not None else None,
-        "sync_calls_per_step": float(per_step_calls[3]) if per_step_calls is not None else None,
-        "sync_ms_per_step": float(per_step_calls[4]) / NS_PER_MS if per_step_calls is not None else None,
-        "mean_step_ms": mean_step,
-        "idle_ms_per_step": d["idle_ms_per_step"],
-        "idle_share": d["idle_ms_per_step"] / mean_step if mean_step else 0.0,
-        # gaps are charged to the op that ends them: waiting for a replayed node, or for an eager launch
-        "idle_before_graph_ops_ms": float(gaps[graph].sum()) / n_steps / NS_PER_MS,
-        "idle_before_eager_ops_ms": float(gaps[~graph].sum()) / n_steps / NS_PER_MS,
-        "mean_gap_us": float(gaps.sum()) / boundaries / NS_PER_US,
-        "median_gap_us": float(np.median(positive)) / NS_PER_US if len(positive) else 0.0,
-        "largest_gap_us": float(largest.mean()) / NS_PER_US if len(largest) else 0.0,
-        "largest_gap_share_of_idle": float(largest.sum() / gaps.sum()) if gaps.sum() > 0 else 0.0,
-    }
-
-
-def _replay_starts(att, rows: np.ndarray, gaps: np.ndarray, n_steps: int, api: dict) -> dict:
-    """The gaps before the first node of each CUDA-graph replay of the device's steps (`rows`, `gaps` as for
-    _device_stats): per step (ms), the median positive one (µs), the share of those replays whose cudaGraphLaunch
-    began after the GPU had gone idle, the median wait split into before that call and from the call to the first
-    node (µs), and the median host time of those launch calls (µs); the last four None where the launch calls were
-    not recorded."""
-    ops = att.ops
-    empty = {"idle_before_replay_ms": 0.0, "idle_inside_replay_ms": None, "replays_per_step": 0.0,
-             "replay_wait_us": 0.0, "replay_host_late_share": None, "replay_before_call_us": None,
-             "replay_call_to_node_us": None, "graph_launch_call_us": None}
-    graph = ops.graph_node[rows] >= 0
-    # a replay is the graph ops of one launch (one correlation id); its first node is its earliest op
-    where = np.flatnonzero(graph)
-    if not len(where):
-        return empty
-    _, first_at = np.unique(ops.launch_key[rows][where], return_index=True)
-    first = where[first_at]
-    wait = gaps[first]
-    graph_idle = float(gaps[graph].sum()) / max(n_steps, 1) / NS_PER_MS
-    out = dict(empty, idle_before_replay_ms=float(wait.sum()) / max(n_steps, 1) / NS_PER_MS,
-               replays_per_step=len(first) / max(n_steps, 1))
-    out["idle_inside_replay_ms"] = graph_idle - out["idle_before_replay_ms"]
-    waited = first[wait > 0]
-    if not len(waited):
-        return out
-    out["replay_wait_us"] = float(np.median(gaps[waited])) / NS_PER_US
-    at = rows[waited]  # the op rows of the replays' first nodes
-    launched = ops.launched[at]
-    if launched.any():
-        idle_from = ops.start[at] - gaps[waited]  # when the GPU went idle before the replay
-        late_ns = np.clip(ops.launch_ns[at] - idle_from, 0, None)[launched]
-        out["replay_host_late_share"] = float((late_ns > 0).mean())
-        # the wait split: before the host called cudaGraphLaunch, and from that call to the first node
-        out["replay_before_call_us"] = float(np.median(late_ns)) / NS_PER_US
-        out["replay_call_to_node_us"] = float(np.median(gaps[waited][launched] - late_ns)) / NS_PER_US
-        out["graph_launch_call_us"] = _launch_call_us(ops.launch_tid[at][launched], ops.launch_ns[at][launched],
-                                                      api)
-    return out
-
-
-def _launch_call_us(tid: np.ndarray, launch_ns: np.ndarray, api: dict):
-    """Median host duration (µs) of the graph-launch calls that start at (tid, launch_ns); None when none match."""
-    graph = api["kind"] == 0
-    if not graph.any():
-        return None
-    calls = pd.DataFrame({"tid": api["tid"][graph], "start": api["start"][graph],
-                          "dur": api["end"][graph] - api["start"][graph]}).drop_duplicates(["tid", "start"])
-    found = pd.DataFrame({"tid": tid, "start": launch_ns}).merge(calls, on=["tid", "start"], how="inner")
-    return float(found["dur"].median()) / NS_PER_US if len(found) else None
-
-
-def _gaps(step: np.ndarray, start: np.ndarray, end: np.ndarray):
-    """(gap before each op in (step, start) order, 0 for a step's first op; largest gap per step)."""
-    if len(start) == 0:
-        return np.zeros(0), np.zeros(0)
-    order = np.lexsort((start, step))
-    g, s, e = step[order], start[order], end[order]
-    origin = int(s.min())
-    width = int(e.max()) - origin + 1
-    _, group = np.unique(g, return_inverse=True)
-    offset = group.reshape(-1).astype(np.int64) * width  # steps never mix: a later step's values are all larger
-    cummax = np.maximum.accumulate(e - origin + offset)
-    gaps = np.zeros(len(s), dtype=np.int64)
-    same = np.zeros(len(s), dtype=bool)
-    same[1:] = g[1:] == g[:-1]
-    gaps[1:] = np.clip(s[1:] - origin + offset[1:] - cummax[:-1], 0, None)
-    gaps[~same] = 0
-    firsts = np.flatnonzero(~same)
-    largest = np.maximum.reduceat(gaps, firsts)
-    return gaps.astype(np.float64), largest.astype(np.float64)

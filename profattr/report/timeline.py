@@ -49,33 +49,40 @@ def choose_step(budget, device: int, spec="median") -> int:
 
 
 def step_view(budget, device: int, step: int, api: dict, ranges) -> dict:
-    """What the timeline draws for one step of one device (times in ns from the step's start)."""
+    """What the timeline draws for one step of one device (times in ns from the step's start), from the budget's
+    attribution."""
     att = budget.attribution
     ops = att.ops
-    row = budget.per_step[(budget.per_step["device"] == device) & (budget.per_step["step"] == step)].iloc[0]
-    origin, end = int(row["start_ns"]), int(row["end_ns"])
     idx = np.flatnonzero((ops.device == device) & (att.step == step))
     idx = idx[np.argsort(ops.start[idx], kind="stable")]
     category = att.combos["category"].to_numpy()[att.combo[idx]].astype(str)
-    gs, ge = host_gaps.idle_intervals(att.step[idx], ops.start[idx], ops.end[idx])
-    tid = int(att.steps.tid[step]) if att.steps.source != "whole" else -1
+    return view_of(budget, device, step, ops.take(idx), category, att.steps, api, ranges)
+
+
+def view_of(budget, device: int, step: int, ops, category: np.ndarray, steps, api: dict, ranges) -> dict:
+    """step_view from the step's ops (trace/ops.py Ops, in start order) and their categories; `steps`: the
+    budget's steps (the step's thread, and the ranges that enclose a step)."""
+    row = budget.per_step[(budget.per_step["device"] == device) & (budget.per_step["step"] == step)].iloc[0]
+    origin, end = int(row["start_ns"]), int(row["end_ns"])
+    gs, ge = host_gaps.idle_intervals(np.zeros(len(ops), dtype=np.int64), ops.start, ops.end)
+    tid = int(steps.tid[step]) if steps.source != "whole" else -1
     calls = (api["tid"] == tid) & (api["end"] > origin) & (api["start"] < end) if len(api["kind"]) else None
     host = {k: (api[k][calls] - (origin if k != "kind" else 0)) if calls is not None else np.zeros(0, np.int64)
             for k in ("start", "end", "kind")}
     nvtx = []
     if ranges is not None and len(ranges):
-        leaf = host_gaps.leaf_ranges(ranges) & ~host_gaps.enclosing_steps(ranges, att.steps)
+        leaf = host_gaps.leaf_ranges(ranges) & ~host_gaps.enclosing_steps(ranges, steps)
         r = ranges[leaf & (ranges["tid"].to_numpy(np.int64) == tid) & (ranges["end"].to_numpy(np.int64) > origin)
                    & (ranges["start"].to_numpy(np.int64) < end)]
         nvtx = [(int(s) - origin, int(e) - origin, host_gaps.label(clean(str(t)), 40))
                 for s, e, t in zip(r["start"], r["end"], r["text"])]
-    activity = host_gaps.host_activity(gs, ge, api, ranges, att.steps, 1)
+    activity = host_gaps.host_activity(gs, ge, api, ranges, steps, 1)
     per_cat: dict = {}
-    for c, ns in zip(category, (ops.end[idx] - ops.start[idx]).tolist()):
+    for c, ns in zip(category, (ops.end - ops.start).tolist()):
         per_cat[c] = per_cat.get(c, 0) + ns
     return {"device": int(device), "step": int(step), "start_ns": origin, "span_ns": end - origin,
             "busy_ns": int(row["busy_ns"]), "steps": int((budget.per_step["device"] == device).sum()),
-            "start": ops.start[idx] - origin, "end": ops.end[idx] - origin, "stream": ops.stream[idx],
+            "start": ops.start - origin, "end": ops.end - origin, "stream": ops.stream,
             "category": category, "gap_start": gs - origin, "gap_end": ge - origin, "host": host, "nvtx": nvtx,
             "host_line": host_gaps.describe(activity),
             "budget_ms": sorted(((c, ns / NS_PER_MS) for c, ns in per_cat.items()), key=lambda x: -x[1])}

@@ -1,0 +1,221 @@
+"""The report's views read window by window from the op store (report/window_views.py): the same launch and idle
+analysis, timeline steps, check facts and kernel spreads as the budget's attribution over all ops gives, on real
+captures cut into windows small enough that steps, graph replays and idle gaps straddle them; the exact pieces
+they add up with (arrays.Median, host_gaps.overlap_ns, check/facts.py OpFacts) against plain numpy and Python; and
+`profattr report` never reading all ops at once where the windows serve."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from synth import Builder, gpid, gtid
+from profattr.arrays import Median
+from profattr.attribute import budget as budget_module
+from profattr.attribute.budget import ONE_WINDOW, compute_budget, opened
+from profattr.check.facts import OpFacts
+from profattr.check.run import evaluate_budget
+from profattr.report import host_gaps
+from profattr.report.launches import launch_stats
+from profattr.report.timeline import capture_views
+from profattr.report.window_views import window_views
+from profattr.taxonomy.classify import load_rules
+
+REAL = ["glm5/glm-triton-bs1-r1", "glm5/glm-fp8dg-bs1-r1", "wl-graph-grouped-tp2", "sglang-triton-bs1"]
+
+
+def plain(x):
+    """Comparable values: arrays as lists, floats by their exact repr."""
+    if isinstance(x, dict):
+        return {str(k): plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [plain(v) for v in x]
+    if isinstance(x, np.ndarray):
+        return plain(x.tolist())
+    if isinstance(x, (float, np.floating)):
+        return repr(float(x))
+    if isinstance(x, np.integer):
+        return int(x)
+    return x
+
+
+def facts_of(f: OpFacts) -> dict:
+    return {"n": f.n_ops, "first": f.first_ns, "last": f.last_ns, "devices": f.device_rows(), "names": f.names}
+
+
+def all_at_once(path, steps="auto"):
+    budget = compute_budget(path, steps=steps, keep_attribution=True)
+    with opened(path) as source:
+        return (plain(budget.to_dict()), plain(launch_stats(budget, source)),
+                plain(capture_views(budget, source=source)), facts_of(OpFacts.of(budget.attribution.ops)),
+                plain([f.to_dict() for f in evaluate_budget(source, budget)]))
+
+
+def by_windows(path, monkeypatch, window_ops: int, steps="auto"):
+    monkeypatch.setenv("PROFATTR_WINDOW_OPS", str(window_ops))
+    rules = load_rules(())
+    with opened(path) as source:
+        budget = compute_budget(source, steps=steps, rules=rules, keep_attribution=ONE_WINDOW)
+        assert budget.attribution is None  # computed window by window
+        views = window_views(budget, source, rules)
+        assert views is not None and views.op_facts.first_calls.usable
+        checks = plain([f.to_dict() for f in evaluate_budget(source, budget, None, views.op_facts)])
+    return plain(budget.to_dict()), plain(views.launches), plain(views.timeline), facts_of(views.op_facts), checks
+
+
+@pytest.mark.parametrize("name", REAL)
+@pytest.mark.parametrize("window_ops", [97, 4099])
+def test_windows_give_the_views_of_all_ops_at_once(export_example, monkeypatch, name, window_ops):
+    path = export_example(name)
+    want = all_at_once(path)
+    got = by_windows(path, monkeypatch, window_ops)
+    for part, a, b in zip(("budget", "launches", "timeline", "facts", "checks"), want, got):
+        assert a == b, part
+    assert any(d["distributions"].get("kernels") for d in got[0]["devices"])  # the kernel spread is there
+
+
+def test_windows_cut_inside_replays_and_steps(export_example, monkeypatch):
+    """The windows really split the work that the carries join: steps and graph replays over two windows."""
+    path = export_example("glm5/glm-fp8dg-bs1-r1")
+    monkeypatch.setenv("PROFATTR_WINDOW_OPS", "97")
+    with opened(path) as source:
+        budget = compute_budget(source, keep_attribution=ONE_WINDOW)
+        w = budget.windowed
+        split_steps = split_replays = 0
+        seen_steps, seen_keys = set(), set()
+        for ops in source.time_windows():
+            step = w.step_of(ops)
+            here = set(step[step >= 0].tolist())
+            keys = set(ops.launch_key[ops.graph_node >= 0].tolist())
+            split_steps += len(here & seen_steps)
+            split_replays += len(keys & seen_keys)
+            seen_steps |= here
+            seen_keys |= keys
+    assert split_steps > 10 and split_replays > 10
+
+
+def _sampled_capture(path):
+    """Two NVTX steps on thread T, two kernels each with a 100 ns gap; CPU samples of T and of U every 10 ns."""
+    from test_cpu_samples import SAMPLE_DDL
+
+    b = Builder(path)
+    T, U, P = gtid(10), gtid(10, 11), gpid(10)
+    for stmt in SAMPLE_DDL:
+        b.conn.execute(stmt)
+    sid = 0
+    for i in range(3):
+        t = 10_000 + i * 10_000
+        b.nvtx(T, t, t + 5000, "decode_step")
+        for k in range(3):
+            c = b.launch(T, t + 10 + k * 20, t + 20 + k * 20)
+            b.kernel(P, c, t + 1000 + k * 200, t + 1100 + k * 200, "nvjet_sm90_tst_64x8_64x16_4x1_v_bz_TNT")
+        for tid, leaf in ((T, "PyEval"), (U, "epoll_wait")):
+            for ts in range(t + 1050, t + 1450, 10):
+                sid += 1
+                b.conn.execute("INSERT INTO COMPOSITE_EVENTS VALUES (?, ?, 0, 1, ?, 0)", (sid, ts, tid))
+                b.conn.execute("INSERT INTO SAMPLING_CALLCHAINS (id, symbol, module, stackDepth) VALUES "
+                               "(?, ?, ?, 0)", (sid, b.string(leaf), b.string("/lib/libpython3.11.so")))
+    return b.close()
+
+
+@pytest.mark.parametrize("steps", ["nvtx:decode_step", "whole"])
+def test_windows_of_one_kernel_keep_the_samples_in_the_gaps(tmp_path, monkeypatch, steps):
+    """CPU samples in the gaps, a window per kernel: for NVTX steps the step's thread; for one whole step the
+    thread that launched the device's ops, known only after the last window."""
+    path = _sampled_capture(tmp_path / "s.sqlite")
+    want = all_at_once(path, steps)
+    got = by_windows(path, monkeypatch, 1, steps)
+    assert want == got
+    samples = got[1][0]["host_in_idle"]["cpu_samples"]
+    # T's ten samples in each of a step's two gaps; U's never count (one whole step: all three steps' gaps)
+    assert float(samples["samples_per_step"]) == (20.0 if steps != "whole" else 60.0)
+
+
+def test_report_never_reads_all_ops_at_once_where_windows_serve(export_example, monkeypatch, tmp_path):
+    from profattr.report.collect import collect_report
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the report computed a budget over all ops at once")
+
+    path = export_example("glm5/glm-triton-bs1-r1")
+    monkeypatch.setattr(budget_module, "_one_window", refuse)
+    data = collect_report([str(path)], samples=50)
+    cap = data.captures[0]
+    assert cap.launches and cap.timeline and cap.checks
+    assert cap.budget["devices"][0]["distributions"]["kernels"]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_median_in_parts_is_numpys(seed):
+    rng = np.random.default_rng(seed)
+    values = rng.integers(-1000, 10**9, size=int(rng.integers(1, 3000)))
+    values[rng.integers(0, len(values), 50)] = 7  # repeats
+    m = Median()
+    for part in np.array_split(values, int(rng.integers(1, 9))):
+        m.add(part)
+    assert m.median() == float(np.median(values.astype(np.float64)))
+    assert len(m) == len(values)
+    assert Median().median() is None
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_overlap_is_summed_over_gaps_in_any_split(seed, monkeypatch):
+    """Against plain Python: each call's overlap with each gap, summed (gaps of two steps may overlap)."""
+    rng = np.random.default_rng(seed)
+    gs = rng.integers(0, 10_000, 300)
+    ge = gs + rng.integers(1, 400, 300)
+    cs = rng.integers(-100, 10_500, 200)
+    ce = cs + rng.integers(0, 800, 200)
+    want = [sum(max(0, min(e, b) - max(s, a)) for a, b in zip(gs.tolist(), ge.tolist()))
+            for s, e in zip(cs.tolist(), ce.tolist())]
+    assert host_gaps.overlap_ns(gs, ge, cs, ce).tolist() == want
+    monkeypatch.setattr(host_gaps, "GAPS_PER_CHUNK", 7)  # chunks of gaps, each from its own origin
+    assert host_gaps.overlap_ns(gs, ge, cs, ce).tolist() == want
+    half = host_gaps.overlap_ns(gs[::2], ge[::2], cs, ce) + host_gaps.overlap_ns(gs[1::2], ge[1::2], cs, ce)
+    assert half.tolist() == want
+    big = np.int64(2**62)  # times near the top of int64 stay exact
+    assert host_gaps.overlap_ns(gs + big, ge + big, cs + big, ce + big).tolist() == want
+
+
+def test_host_tally_in_windows_is_the_tally_of_all_gaps():
+    import pandas as pd
+
+    from profattr.attribute.steps import Steps
+
+    rng = np.random.default_rng(3)
+    gs = np.sort(rng.integers(0, 100_000, 400))
+    ge = gs + rng.integers(1, 50, 400)
+    api = {"kind": rng.integers(0, 4, 500), "start": rng.integers(0, 100_000, 500), "tid": np.ones(500, int)}
+    api["end"] = api["start"] + rng.integers(0, 300, 500)
+    starts = rng.integers(0, 100_000, 60)
+    ranges = pd.DataFrame({"start": starts, "end": starts + rng.integers(1, 900, 60), "tid": np.arange(60),
+                           "text": [f"r{i % 7}" for i in range(60)]})
+    steps = Steps(source="nvtx:x", tid=np.array([999]), start=np.array([0]), end=np.array([1]))
+    calls = host_gaps.HostCalls(api, ranges, steps)
+    whole = calls.tally().add(gs, ge).result(5)
+    parts = calls.tally()
+    for idx in np.array_split(np.arange(len(gs)), 9):
+        parts.add(gs[idx], ge[idx])
+    assert parts.result(5) == whole
+    kinds = {r["kind"]: r["ms_per_step"] for r in whole["api"]}
+    for k, name in enumerate(host_gaps.KINDS):
+        sel = api["kind"] == k
+        ns = sum(max(0, min(e, b) - max(s, a)) for s, e in zip(api["start"][sel], api["end"][sel])
+                 for a, b in zip(gs, ge))
+        assert kinds.get(name, 0.0) == pytest.approx(ns / 5 / 1e6, rel=1e-12)
+
+
+def test_op_facts_in_windows(export_example):
+    from profattr.trace.source import open_trace
+
+    path = export_example("wl-graph-grouped-tp2")
+    with open_trace(path) as source:
+        ops = source.ops()
+    whole = OpFacts.of(ops)
+    parts = OpFacts()
+    for idx in np.array_split(np.arange(len(ops)), 13):
+        parts.add(ops.take(idx))
+    assert facts_of(parts) == facts_of(whole)
+    kernel = ops.kind == 0
+    assert [d["kernels"] for d in whole.device_rows()] == [int((kernel & (ops.device == d)).sum())
+                                                          for d in np.unique(ops.device[kernel])]
+    assert whole.first_ns == int(ops.start.min()) and whole.last_ns == int(ops.end.max())
