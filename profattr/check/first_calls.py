@@ -47,18 +47,26 @@ class FirstCalls:
             self.usable = False  # not packed in the store: kernel_configs reads them from SQL
             return
         start = ops.start[k]
-        self.add(device, name, grid >> 32, (grid >> 16) & 0xFFFF, grid & 0xFFFF, block >> 48, (block >> 32) & 0xFFFF,
-                 (block >> 16) & 0xFFFF, start, ops.end[k] - start)
+        # the store's packed grid (gx, gy, gz) and block (bx, by, bz, registers) without the registers: they sort
+        # and compare as the six columns do
+        self._add([(device << 32) | name, grid, block >> 16], start, ops.end[k] - start, packed=True)
 
     def add(self, device, name, gx, gy, gz, bx, by, bz, start, duration) -> None:
         """Kernel rows in start order (on a tie, as given), after every row added before."""
+        self._add([device, name, gx, gy, gz, bx, by, bz], start, duration, packed=False)
+
+    def _add(self, columns: list, start, duration, packed: bool) -> None:
+        """`columns`: the configuration key, as (device << 32 | name, grid, block) packed (the windows') or as its
+        eight columns; one FirstCalls is fed one way."""
         from profattr.attribute.accumulate import group_rows
 
         if not len(start):
             return
         self.total_ns += int(duration.sum())
         self.durations.add(duration)
-        keys, group = group_rows(device, name, gx, gy, gz, bx, by, bz)
+        keys, group = group_rows(*columns)
+        if packed:  # back to (device, name, grid, block): key[0] and key[1] are the device and the name
+            keys = np.stack([keys[:, 0] >> 32, keys[:, 0] & 0xFFFFFFFF, keys[:, 1], keys[:, 2]], axis=1)
         order = np.argsort(group, kind="stable")  # each configuration's rows, in start order
         runs = np.flatnonzero(np.r_[True, group[order][1:] != group[order][:-1]])
         for g, lo, hi in zip(group[order][runs].tolist(), runs.tolist(), np.r_[runs[1:], len(order)].tolist()):

@@ -15,6 +15,8 @@ Per device, over the budget's steps:
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
 
@@ -50,13 +52,12 @@ class LaunchTally:
 
     def __init__(self, budget: Budget, source, steps, api: dict | None = None, ranges=None):
         """`steps`: the budget's; `api`, `ranges`: the reader's api_calls() and ranges(), when already read."""
+        api = source.api_calls() if api is None else api
         self.budget, self.steps = budget, steps
-        self.api = source.api_calls() if api is None else api
-        self.samples, self.names, self.period = _samples(source)
-        self.calls = _calls_per_step(steps, self.api)
-        self.host = host_gaps.HostCalls(self.api, source.ranges() if ranges is None else ranges, steps)
-        self.graph_calls = _graph_calls(self.api)
-        self.devices = {int(d["device"]): _DeviceTally(self, int(d["device"])) for d in budget.devices}
+        self.shared = _Shared(budget, steps, *_samples(source), _calls_per_step(steps, api),
+                              host_gaps.HostCalls(api, source.ranges() if ranges is None else ranges, steps),
+                              _graph_calls(api))
+        self.devices = {int(d["device"]): _DeviceTally(self.shared, int(d["device"])) for d in budget.devices}
 
     def add(self, ops, step: np.ndarray) -> None:
         inside = step >= 0
@@ -92,11 +93,25 @@ def _graph_calls(api: dict):
                          "dur": api["end"][graph] - api["start"][graph]}).drop_duplicates(["tid", "start"])
 
 
+@dataclass
+class _Shared:
+    """What every device's tally reads (held by LaunchTally, not by a tally that points back at it)."""
+
+    budget: Budget
+    steps: object  # attribute/steps.py Steps
+    samples: dict | None
+    names: dict
+    period: float | None
+    calls: np.ndarray | None  # _calls_per_step
+    host: host_gaps.HostCalls
+    graph_calls: pd.DataFrame | None
+
+
 class _DeviceTally:
     """One device's part of LaunchTally: its ops inside steps in (step, start) order, a window at a time; the
     latest end so far of each step carries over to the next window, so the gaps are those of all ops at once."""
 
-    def __init__(self, parent: LaunchTally, device: int):
+    def __init__(self, parent: _Shared, device: int):
         self.parent, self.device = parent, device
         n = len(parent.steps)
         self.run_end = np.zeros(n, dtype=np.int64)  # per step: the latest end of its ops so far
@@ -131,7 +146,9 @@ class _DeviceTally:
         self.gap_graph_ns += int(gaps[graph].sum())
         self.gap_eager_ns += int(gaps[~graph].sum())
         self.positive.add(gaps[gaps > 0])
-        np.maximum.at(self.largest, g, gaps)
+        firsts = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])  # each step's run (the rows are in step order)
+        here = g[firsts]
+        self.largest[here] = np.maximum(self.largest[here], np.maximum.reduceat(gaps, firsts))
         self._replays(ops, rows, gaps, graph)
         keep = has_prev & (s > prev)  # the idle intervals: from the latest end so far to the next start
         order = np.argsort(prev[keep], kind="stable")
