@@ -219,3 +219,54 @@ def test_op_facts_in_windows(export_example):
     assert [d["kernels"] for d in whole.device_rows()] == [int((kernel & (ops.device == d)).sum())
                                                           for d in np.unique(ops.device[kernel])]
     assert whole.first_ns == int(ops.start.min()) and whole.last_ns == int(ops.end.max())
+
+
+def _jobs(paths):
+    from profattr.report.capture_reads import ReadJob
+
+    return [ReadJob(given=str(p), path=str(p), run=None, steps="auto", rules=(), force=False, skip_steps=None,
+                    mapping=None, by="category", defaults=True, graph_twin=None, host_cycle=False) for p in paths]
+
+
+def _read_plain(read) -> list:
+    return [plain(read.budget.to_dict()), plain(read.launches), plain(read.timeline), plain(read.checks),
+            read.checks_source]
+
+
+def test_a_file_named_twice_is_read_once_and_as_without_the_cache(tmp_path, monkeypatch):
+    """read_captures (a report's captures, their stores built beforehand): a file named twice read once, each read
+    the one that the budget and views give with no cache at all."""
+    import shutil
+
+    from conftest import EXAMPLES
+    from profattr.report.capture_reads import read_capture, read_captures
+    from profattr.trace.cache import build_stores
+
+    monkeypatch.setenv("PROFATTR_CACHE", str(tmp_path / "cache"))
+    paths = []
+    for name in ("sglang-triton-bs1", "sglang-triton_kernel-bs1"):
+        paths.append(tmp_path / f"{name}.sqlite")
+        shutil.copyfile(EXAMPLES / f"{name}.sqlite", paths[-1])
+    jobs = _jobs([paths[0], paths[1], paths[0]])
+    build_stores(paths)
+    reads = read_captures(jobs)
+    assert reads[0] is reads[2] and reads[0] is not reads[1]
+    monkeypatch.setenv("PROFATTR_NO_CACHE", "1")
+    assert [_read_plain(r) for r in reads[:2]] == [_read_plain(read_capture(job)) for job in jobs[:2]]
+
+
+def test_a_damaged_capture_among_others_is_one_clear_error(tmp_path, monkeypatch):
+    import shutil
+
+    from conftest import EXAMPLES
+    from profattr.errors import ProfattrError
+    from profattr.report.capture_reads import read_captures
+
+    monkeypatch.setenv("PROFATTR_CACHE", str(tmp_path / "cache"))
+    good = tmp_path / "good.sqlite"
+    shutil.copyfile(EXAMPLES / "sglang-triton-bs1.sqlite", good)
+    broken = tmp_path / "broken.sqlite"
+    broken.write_bytes(good.read_bytes()[:4096])
+    with pytest.raises(ProfattrError) as err:
+        read_captures(_jobs([good, broken]))
+    assert "broken.sqlite" in str(err.value) and "\n" not in str(err.value)

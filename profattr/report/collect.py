@@ -8,17 +8,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
-from profattr import progress
-from profattr.attribute.budget import ONE_WINDOW, compute_budget, opened
-from profattr.attribute.host_cycle import host_cycle
 from profattr.attribute.diff import BOOTSTRAP_SAMPLES, Side, compute_diff, expand, group, load_side
 from profattr.errors import ProfattrError
 from profattr.report import why_slow
 from profattr.report.bottlenecks import rank_bottlenecks
 from profattr.report.budget_view import exclusive_ms
-from profattr.report.launches import launch_stats
-from profattr.report.timeline import capture_views
-from profattr.report.window_views import window_views
+from profattr.report.capture_reads import ReadJob, read_captures
 from profattr.run_record import RunRecord, or_empty
 from profattr.taxonomy.classify import load_rules
 from profattr.trace.cache import build_stores
@@ -113,26 +108,6 @@ def read_run(path: Path):
         return None, None, (f"no {run_json_path(path).name} beside the capture: commands, versions and lint are "
                             "unknown")
     return run, str(run_path), None
-
-
-def lint_findings(path: Path, run: Optional[RunRecord], source, budget, defaults: bool = True, op_facts=None):
-    """(finding dicts or None, source, note): source `run.json` when the capture recorded `profattr check`'s
-    findings and the report's budget is what they were computed on (`defaults`: the default steps, rules and no
-    skipped steps, as `profattr capture` checks), `now` when they were computed here (from `source`, the capture's
-    open reader, and `budget`, the report's budget of it: the checks count the report's steps and rules; note: why
-    not the recorded ones), `none` (with the reason in note) when neither worked. `op_facts`: the facts of the
-    capture's ops (check/facts.py OpFacts) where the budget keeps no attribution."""
-    recorded = or_empty(run).check_findings
-    if defaults and recorded is not None:
-        return recorded, "run.json", None
-    why = ("run.json's were made on the default steps and rules" if recorded is not None else "run.json records none")
-    try:
-        from profattr.check.run import evaluate_budget, fresh_server_log, located
-
-        findings = evaluate_budget(source, budget, fresh_server_log(located(path)), op_facts)
-    except ProfattrError as exc:
-        return None, "none", exc.format_message()
-    return [f.to_dict() for f in findings], "now", why
 
 
 def capture_gap(budget: dict, run: Optional[RunRecord], run_path: Optional[str], hardware: Optional[str]):
@@ -249,11 +224,10 @@ def collect_report(paths: Sequence, labels: Optional[Sequence[str]] = None, step
     if labels is not None and len(labels) != len(paths):
         raise ProfattrError(f"--labels gives {len(labels)} label(s) for {len(paths)} capture(s); give one per capture")
     captures, projection = [], None
-    ruleset = load_rules(rules)
+    load_rules(rules)  # a bad rule file fails here, before any capture is read
     # the checks `profattr capture` recorded were computed on the default steps and rules: shown only then
     defaults = steps == "auto" and not rules and skip_steps in (None, 0, "0")
-    if not force_export:  # the exports read at once, a process per core (--force exports them again first)
-        build_stores([m for given in paths for m in expand(given)])
+    contexts, jobs = [], []
     for given in paths:
         path = Path(given)
         run, run_path, run_note = read_run(path)
@@ -263,29 +237,21 @@ def collect_report(paths: Sequence, labels: Optional[Sequence[str]] = None, step
             path = Path(members[0])
             run, run_path, run_note = read_run(path)
         by = "layer" if mapping or layers else "category"
-        with opened(path, force=force_export) as source:  # opened once: every view below reads this reader
-            with progress.stage(f"budget of {Path(path).name}"):
-                budget = compute_budget(source, steps=steps, rules=ruleset, force=force_export,
-                                        keep_attribution=ONE_WINDOW, skip_steps=skip_steps, mapping=mapping, by=by)
-                # window by window where the budget was (window_views.py), else from its attribution
-                read = window_views(budget, source, ruleset)
-            if read is not None:
-                launches, views, op_facts = read.launches, read.timeline, read.op_facts
-            else:
-                launches = launch_stats(budget, source)
-                views = capture_views(budget, source=source)  # the median step of each GPU (report/timeline.py)
-                op_facts = None
-            _add_graph_tracing(launches, source, (graph_twins or {}).get(given))
-            checks, checks_source, checks_note = lint_findings(Path(budget.path), run, source, budget, defaults,
-                                                               op_facts)
-            projected = project_to is not None and not captures  # the first capture, with --to
-            host = host_cycle(source) if projected else None
-        budget.attribution = budget.windowed = None  # no longer needed: the diff needs only the per-step tables
+        contexts.append((given, path, run, run_path, run_note, mapping, members, by))
+        jobs.append(ReadJob(given=str(given), path=str(path), run=run, steps=steps, rules=tuple(rules),
+                            force=force_export, skip_steps=skip_steps, mapping=mapping, by=by, defaults=defaults,
+                            graph_twin=(graph_twins or {}).get(given),
+                            host_cycle=project_to is not None and not jobs))  # the first capture, with --to
+    if not force_export:  # the exports read at once, a process per core (--force exports them again first)
+        build_stores([m for given in paths for m in expand(given)])
+    reads = read_captures(jobs)
+    for (given, path, run, run_path, run_note, mapping, members, by), job, read in zip(contexts, jobs, reads):
+        budget = read.budget
         data = budget.to_dict()
-        if projected:  # from the report's own budget of it: not opened again
+        if job.host_cycle:  # from the report's own budget of it: not opened again
             from profattr.limits.projection import project_capture
 
-            projection = project_capture(path, measured=(data, host), **project_to)
+            projection = project_capture(path, measured=(data, read.host), **project_to)
         side = Side(str(path), data, budget.per_step, budget.per_step_category, run)
         side.per_step_comm = budget.per_step_comm  # per-step collective waits (several GPUs)
         if len(members) > 1:
@@ -297,10 +263,10 @@ def collect_report(paths: Sequence, labels: Optional[Sequence[str]] = None, step
                         f"diffs are their mean, with intervals over replicates and steps; launches, checks and run "
                         f"metadata are of the first")
         gap, gap_note = capture_gap(data, run, run_path, hardware)
-        captures.append(CaptureReport(label="", path=str(given), budget=data, launches=launches, run=run,
-                                      run_path=run_path, run_note=run_note, checks=checks,
-                                      checks_source=checks_source, checks_note=checks_note, gap=gap,
-                                      gap_note=gap_note, side=side, timeline=views))
+        captures.append(CaptureReport(label="", path=str(given), budget=data, launches=read.launches, run=run,
+                                      run_path=run_path, run_note=run_note, checks=read.checks,
+                                      checks_source=read.checks_source, checks_note=read.checks_note, gap=gap,
+                                      gap_note=gap_note, side=side, timeline=read.timeline))
     names = list(labels) if labels is not None else default_labels(
         [group_name(c) if c.side is not None and len(c.side.members) > 1 else capture_name(Path(c.path), c.run)
          for c in captures])
@@ -327,25 +293,6 @@ def collect_report(paths: Sequence, labels: Optional[Sequence[str]] = None, step
     return ReportData(captures=captures, diffs=diffs, bottlenecks=bottlenecks,
                       evidence=evidence_summary(captures, rules), hardware=hardware, drills=drill_entries,
                       sweep=batch_sweep(captures), projection=projection)
-
-
-def _add_graph_tracing(launches: list, source, twin: Optional[str]) -> None:
-    """Each device's launch stats gain `graph_tracing`: how the capture (open as `source`) traced its graph
-    replays and, with a graph-level twin, what per-node tracing cost (attribute/graph_launch.py)."""
-    from profattr.attribute.graph_launch import costs_of, launch_costs, tracing_cost
-
-    mine = launch_costs(source)
-    if mine is None:
-        return
-    info = {"tracing": mine["tracing"], "launch": mine, "twin": twin, "cost": None}
-    if twin is not None:
-        theirs = costs_of(Path(twin))
-        if theirs is None or theirs["tracing"] != "graph":
-            raise ProfattrError(f"--graph-twin {twin}: not a capture whose graph launches were traced at graph level "
-                                "(record it with `profattr capture --cuda-graph-trace graph`)")
-        info["cost"] = tracing_cost(mine, theirs)
-    for s in launches:
-        s["graph_tracing"] = info
 
 
 def batch_of(cap: CaptureReport) -> Optional[int]:

@@ -12,6 +12,10 @@ Per device, over the budget's steps:
   began only after the GPU had gone idle (the host behind the GPU) and the launch call's host time;
 - what the host was doing during those gaps (host_gaps.py: CUDA API calls and NVTX ranges that overlap them, and,
   where the capture has CPU samples, the functions the step's CPU thread was sampled in).
+
+LaunchTally sums these a window of ops at a time (the report reads the op store's windows: window_views.py);
+launch_stats gives it the budget's attribution, all ops at once. Every figure is a sum, a count, a maximum or an
+exact median over the windows, so the two agree.
 """
 from __future__ import annotations
 
