@@ -134,10 +134,22 @@ class _Sorted:
     are one slice (those that start before its end, from the first whose running end passes its start)."""
 
     def __init__(self, start: np.ndarray, end: np.ndarray):
-        self.order = np.argsort(start, kind="stable")
-        self.start = np.asarray(start, dtype=np.int64)[self.order]
-        self.end = np.asarray(end, dtype=np.int64)[self.order]
+        start, end = np.asarray(start, dtype=np.int64), np.asarray(end, dtype=np.int64)
+        if len(start) < 2 or bool((start[1:] >= start[:-1]).all()):  # in start order already: no copies
+            self.order = None
+            self.start, self.end = start, end
+        else:
+            self.order = np.argsort(start, kind="stable")
+            self.start, self.end = start[self.order], end[self.order]
         self.reach = np.maximum.accumulate(self.end) if len(self.end) else self.end
+
+    def original(self, at: slice) -> np.ndarray:
+        """The given positions of the sorted intervals `at`."""
+        return np.arange(at.start, at.stop) if self.order is None else self.order[at]
+
+    def sorted(self, values: np.ndarray) -> np.ndarray:
+        """Per-interval values in the sorted order."""
+        return values if self.order is None else values[self.order]
 
     def around(self, lo: int, hi: int) -> slice:
         return slice(int(np.searchsorted(self.reach, lo, side="right")), int(np.searchsorted(self.start, hi)))
@@ -151,7 +163,7 @@ class HostCalls:
         self.api = None
         if len(api.get("kind", [])):
             self.api = _Sorted(api["start"], api["end"])
-            self.kind = np.asarray(api["kind"], dtype=np.int64)[self.api.order]
+            self.kind = self.api.sorted(np.asarray(api["kind"], dtype=np.int64))
         self.ranges, self.short = None, None
         if ranges is not None and len(ranges):
             # innermost ranges only (a parent says less than its children), and none around a whole step
@@ -188,7 +200,7 @@ class HostTally:
         if c.ranges is not None:
             at = c.ranges.around(lo, hi)
             ov = overlap_ns(gs, ge, c.ranges.start[at], c.ranges.end[at])
-            np.add.at(self.range_ns, c.ranges.order[at], ov)
+            np.add.at(self.range_ns, c.ranges.original(at), ov)
         return self
 
     def result(self, n_steps: int) -> dict:
