@@ -59,8 +59,9 @@ def window_views(budget, source, ruleset, timeline_step="median") -> Views | Non
 
 
 class _ChosenSteps:
-    """The ops of one chosen step per device (the timeline's), with their categories: a window holding some is
-    classified as the budget classified it (windows.py WindowContexts)."""
+    """The ops of one chosen step per device (the timeline's), with their categories: classified as the budget
+    classified them (windows.py WindowContexts: each op's context point, context bits and combination are its
+    own)."""
 
     def __init__(self, budget, source, ruleset, spec):
         w = budget.windowed
@@ -72,12 +73,13 @@ class _ChosenSteps:
         picks = {device: np.flatnonzero((ops.device == device) & (step == s)) for device, s in self.steps.items()}
         if not any(len(idx) for idx in picks.values()):
             return
-        _, _, reg = self.contexts.of(ops)
         combos = self.contexts.combos
         for device, idx in picks.items():
-            if len(idx):
-                category = np.array([combos.category_of(int(r)) for r in reg[idx]], dtype=object)
-                self.parts[device].append((ops.take(idx), category))
+            if len(idx):  # an op's context and category are its own: only the step's ops are classified
+                chosen = ops.take(idx)
+                _, _, reg = self.contexts.of(chosen)
+                category = np.array([combos.category_of(int(r)) for r in reg], dtype=object)
+                self.parts[device].append((chosen, category))
 
     def finish(self):
         """(device, step, its ops in start order, their categories) per device."""
