@@ -274,3 +274,33 @@ def test_a_damaged_capture_among_others_is_one_clear_error(tmp_path, monkeypatch
     with pytest.raises(ProfattrError) as err:
         read_captures(_jobs([good, broken]))
     assert "broken.sqlite" in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_correlation_gaps_per_process_against_plain_python(seed):
+    """Each process's run of keys found by a search (no process or id column of every key), processes up to the
+    top of the key's range; against sorted sets and medians written here."""
+    from profattr.check.facts import BIG_GAP_FACTOR, BIG_GAP_IDS, correlation_gaps
+
+    rng = np.random.default_rng(seed)
+    procs = rng.choice([0, 5, 77, 2**31 - 1], size=int(rng.integers(1, 5)), replace=False).tolist()
+    keys = []
+    for p in procs:
+        ids = rng.integers(0, 2**32 - 1, int(rng.integers(0, 200))).tolist() + [1, 2, 2]  # repeats too
+        keys += [(p << 32) | i for i in ids]
+    rng.shuffle(keys)
+    want = {"processes": 0, "largest_gap": 0, "usual_gap": 0, "big_gaps": 0, "ids_in_big_gaps": 0, "span": 0}
+    for p in sorted(procs):
+        ids = sorted({k & 0xFFFFFFFF for k in keys if k >> 32 == p})
+        if len(ids) < 3:
+            continue
+        gaps = [b - a for a, b in zip(ids, ids[1:])]
+        usual = max(int(np.median(gaps)), 1)
+        big = [g for g in gaps if g > max(BIG_GAP_IDS, BIG_GAP_FACTOR * usual)]
+        want["processes"] += 1
+        want["largest_gap"] = max(want["largest_gap"], max(gaps))
+        want["usual_gap"] = max(want["usual_gap"], usual)
+        want["big_gaps"] += len(big)
+        want["ids_in_big_gaps"] += sum(big)
+        want["span"] += ids[-1] - ids[0]
+    assert correlation_gaps(np.array(keys, dtype=np.int64)) == want

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from profattr.arrays import unique
-from profattr.trace.ops import KIND_KERNEL, LOW32
+from profattr.trace.ops import KIND_KERNEL
 
 
 @dataclass
@@ -122,10 +122,11 @@ def correlation_gaps(keys: np.ndarray) -> dict:
     out = {"processes": 0, "largest_gap": 0, "usual_gap": 0, "big_gaps": 0, "ids_in_big_gaps": 0, "span": 0}
     if not len(keys):
         return out
-    proc = keys >> 32
-    bounds = np.flatnonzero(np.r_[True, proc[1:] != proc[:-1], True])
-    for lo, hi in zip(bounds[:-1], bounds[1:]):
-        ids = keys[lo:hi] & LOW32
+    lo = 0
+    while lo < len(keys):  # a process at a time (its run ends where the next process's keys begin)
+        following = ((int(keys[lo]) >> 32) + 1) << 32  # the next process's first possible key
+        hi = int(np.searchsorted(keys, following, side="left")) if following < 1 << 63 else len(keys)
+        ids, lo = keys[lo:hi], hi  # differences of keys of one process are those of its ids
         if len(ids) < 3:
             continue
         gaps = np.diff(ids)
