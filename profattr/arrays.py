@@ -17,7 +17,7 @@ def unique(values) -> np.ndarray:
     keep = np.empty(len(ordered), dtype=bool)
     keep[0] = True
     np.not_equal(ordered[1:], ordered[:-1], out=keep[1:])
-    return ordered[keep]
+    return ordered if keep.all() else ordered[keep]  # all distinct (call keys, ...): the sorted copy itself
 
 
 def value_counts(values) -> tuple:
