@@ -194,27 +194,35 @@ SAMPLE_DDL = ["""CREATE TABLE COMPOSITE_EVENTS (id INTEGER NOT NULL PRIMARY KEY,
                  PRIMARY KEY (id, stackDepth))"""]
 
 
-def test_launch_stats_samples_of_the_step_thread_in_idle(tmp_path):
-    """A synthetic capture: two NVTX steps on thread T, each with two kernels 100 ns apart (a 100 ns gap); samples
-    of T and of another thread U inside and outside the gaps, every 10 ns."""
-    b = Builder(tmp_path / "s.sqlite")
+def sampled_steps(path, steps: int, kernels: int, samples_until: int):
+    """A synthetic capture (its Builder, still open): `steps` NVTX steps 10 µs apart on thread T, each with
+    `kernels` kernels of 100 ns, 100 ns apart (a 100 ns gap between two); samples of T and of another thread U every
+    10 ns, from 50 ns into the step's first kernel to `samples_until` ns after it began."""
+    b = Builder(path)
     T, U, P = gtid(10), gtid(10, 11), gpid(10)
     for stmt in SAMPLE_DDL:
         b.conn.execute(stmt)
     sid = 0
-    for i in range(2):
+    for i in range(steps):
         t = 10_000 + i * 10_000
         b.nvtx(T, t, t + 5000, "decode_step")
-        for k in range(2):
+        for k in range(kernels):
             c = b.launch(T, t + 10 + k * 20, t + 20 + k * 20)
             b.kernel(P, c, t + 1000 + k * 200, t + 1100 + k * 200, "nvjet_sm90_tst_64x8_64x16_4x1_v_bz_TNT")
         for tid, leaf in ((T, "PyEval"), (U, "epoll_wait")):
-            for ts in range(t + 1050, t + 1250, 10):  # 5 before the gap [t+1100, t+1200), 10 in it, 5 after
+            for ts in range(t + 1050, t + 1000 + samples_until, 10):
                 sid += 1
                 b.conn.execute("INSERT INTO COMPOSITE_EVENTS VALUES (?, ?, 0, 1, ?, 0)", (sid, ts, tid))
                 b.conn.execute("INSERT INTO SAMPLING_CALLCHAINS (id, symbol, module, stackDepth) VALUES "
                                "(?, ?, ?, 0)", (sid, b.string(leaf), b.string("/lib/libpython3.11.so")))
-    path = b.close()
+    return b
+
+
+def test_launch_stats_samples_of_the_step_thread_in_idle(tmp_path):
+    """A synthetic capture: two NVTX steps on thread T, each with two kernels 100 ns apart (a 100 ns gap); samples
+    of T and of another thread U inside and outside the gaps, every 10 ns (5 before the gap [t+1100, t+1200), 10 in
+    it, 5 after)."""
+    path = sampled_steps(tmp_path / "s.sqlite", steps=2, kernels=2, samples_until=250).close()
     stats = launch_stats(compute_budget(path, steps="nvtx:decode_step", keep_attribution=True))[0]
     s = stats["host_in_idle"]["cpu_samples"]
     assert stats["idle_ms_per_step"] == pytest.approx(100 / 1e6)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from synth import Builder, gpid, gtid
 from profattr.arrays import Median
 from profattr.attribute import budget as budget_module
 from profattr.attribute.budget import ONE_WINDOW, compute_budget, opened
@@ -93,35 +92,14 @@ def test_windows_cut_inside_replays_and_steps(export_example, monkeypatch):
     assert split_steps > 10 and split_replays > 10
 
 
-def _sampled_capture(path):
-    """Two NVTX steps on thread T, two kernels each with a 100 ns gap; CPU samples of T and of U every 10 ns."""
-    from test_cpu_samples import SAMPLE_DDL
-
-    b = Builder(path)
-    T, U, P = gtid(10), gtid(10, 11), gpid(10)
-    for stmt in SAMPLE_DDL:
-        b.conn.execute(stmt)
-    sid = 0
-    for i in range(3):
-        t = 10_000 + i * 10_000
-        b.nvtx(T, t, t + 5000, "decode_step")
-        for k in range(3):
-            c = b.launch(T, t + 10 + k * 20, t + 20 + k * 20)
-            b.kernel(P, c, t + 1000 + k * 200, t + 1100 + k * 200, "nvjet_sm90_tst_64x8_64x16_4x1_v_bz_TNT")
-        for tid, leaf in ((T, "PyEval"), (U, "epoll_wait")):
-            for ts in range(t + 1050, t + 1450, 10):
-                sid += 1
-                b.conn.execute("INSERT INTO COMPOSITE_EVENTS VALUES (?, ?, 0, 1, ?, 0)", (sid, ts, tid))
-                b.conn.execute("INSERT INTO SAMPLING_CALLCHAINS (id, symbol, module, stackDepth) VALUES "
-                               "(?, ?, ?, 0)", (sid, b.string(leaf), b.string("/lib/libpython3.11.so")))
-    return b.close()
-
-
 @pytest.mark.parametrize("steps", ["nvtx:decode_step", "whole"])
 def test_windows_of_one_kernel_keep_the_samples_in_the_gaps(tmp_path, monkeypatch, steps):
     """CPU samples in the gaps, a window per kernel: for NVTX steps the step's thread; for one whole step the
     thread that launched the device's ops, known only after the last window."""
-    path = _sampled_capture(tmp_path / "s.sqlite")
+    from test_cpu_samples import sampled_steps
+
+    # three steps of three kernels: two gaps a step; samples of T and U every 10 ns over both gaps
+    path = sampled_steps(tmp_path / "s.sqlite", steps=3, kernels=3, samples_until=450).close()
     want = all_at_once(path, steps)
     got = by_windows(path, monkeypatch, 1, steps)
     assert want == got
