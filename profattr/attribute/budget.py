@@ -43,6 +43,7 @@ from profattr.taxonomy.classify import load_rules
 from profattr.taxonomy.ruleset import RuleSet
 from profattr.trace.ops import Ops
 from profattr.trace.cache import StoreSource, store_or_export
+from profattr.trace.store import window_ops
 from profattr.trace.protocol import is_reader
 from profattr.trace.source import open_trace
 # the types and the shared pieces live in budget_parts.py (windows.py builds from them too); importable here
@@ -53,7 +54,7 @@ from profattr.attribute.budget_parts import (NS_PER_MS, SCHEMA, Attribution, Bud
 
 # keep_attribution=ONE_WINDOW: compute the budget window by window where it can (its `windowed` then says how, for
 # views that read the windows again: report/window_views.py), and keep the attribution only where it was computed
-# over all ops at once
+# over all ops at once (as it is where they fit one window)
 ONE_WINDOW = "one-window"
 
 
@@ -84,10 +85,12 @@ def compute_budget(capture, steps: str = "auto", rules=(), *, force: bool = Fals
     windowed = (lent is None and keep_attribution in (False, ONE_WINDOW) and by == "category"
                 and layer_range is None)
     if is_reader(capture):
-        budget = _read_budget(capture, steps, ruleset, lent, skip_steps, step_categories, windowed, require_work)
+        budget = _read_budget(capture, steps, ruleset, lent, skip_steps, step_categories, windowed, require_work,
+                              keep_attribution == ONE_WINDOW)
     else:
         with open_trace(capture, force=force) as export:
-            budget = _read_budget(export, steps, ruleset, lent, skip_steps, step_categories, windowed, require_work)
+            budget = _read_budget(export, steps, ruleset, lent, skip_steps, step_categories, windowed, require_work,
+                                  keep_attribution == ONE_WINDOW)
     attribution = budget.attribution
     # the spread of the largest kernels: where the caller reads every op at once (not where a windowed budget fell
     # back to one window: its JSON stays the same), and for ONE_WINDOW callers (who add it from the windows)
@@ -105,12 +108,16 @@ def compute_budget(capture, steps: str = "auto", rules=(), *, force: bool = Fals
 
 
 def _read_budget(export, steps: str, ruleset, mapping, skip_steps, step_categories: bool, windowed: bool,
-                 require_work: bool) -> Budget:
-    """The budget of an open reader: window by window where it can, else in one window (keeping the attribution)."""
+                 require_work: bool, small_at_once: bool = False) -> Budget:
+    """The budget of an open reader: window by window where it can, else in one window (keeping the attribution).
+    `small_at_once`: a store whose ops fit one window is read at once (the same memory; the caller's views then
+    come from the attribution instead of a second pass over the window)."""
     warn_unmatched_contexts(export, ruleset)
     reader = store_source(export)
     try:
         budget = None
+        if small_at_once and isinstance(reader, StoreSource) and reader.store.rows <= window_ops():
+            windowed = False
         if windowed and isinstance(reader, StoreSource):  # None when its ops are not in start order
             budget = by_windows(reader, steps, ruleset, skip_steps, step_categories)
         if budget is not None and (not budget.devices or reader.claims.total()):
