@@ -19,6 +19,18 @@ _lock = threading.Lock()
 _depth = [0]  # only the outermost stage draws: an inner one would fight it for the line
 
 
+def _after_fork_in_child() -> None:
+    """A forked worker starts with a lock of its own and no stage open: the parent's drawing thread is not there to
+    release the lock it may have held when the worker was forked."""
+    global _lock
+    _lock = threading.Lock()
+    _depth[0] = 0
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def _after_s() -> float:
     try:
         return max(0.0, float(os.environ.get("PROFATTR_PROGRESS_AFTER", DEFAULT_AFTER_S)))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -187,10 +188,12 @@ def test_stored_range_texts_share_one_object_per_distinct_text():
     assert store._shared_strings([]).tolist() == []
 
 
-def test_several_exports_are_stored_at_once_and_read_from_the_cache(tmp_path, cache_dir):
-    """build_stores (a report of several captures): each export's store built in a worker process, the same file
-    named twice built once, a damaged file left for the command to meet; the budgets read from those stores are
-    the one-window budgets read straight from SQLite."""
+def test_several_exports_are_stored_and_read_in_worker_processes(tmp_path, cache_dir, monkeypatch):
+    """report/read_pool.py (a report of several captures): each export's store built in a worker process (the same
+    file named twice built once, a damaged file left for the command), every capture read there; the reads are
+    those of this process, and the budgets read from the stores are the one-window budgets read from SQLite."""
+    from profattr.report import read_pool
+
     names = ["sglang-triton-bs1", "sglang-triton_kernel-bs1"]
     paths = []
     for name in names:
@@ -198,21 +201,48 @@ def test_several_exports_are_stored_at_once_and_read_from_the_cache(tmp_path, ca
         shutil.copyfile(EXAMPLES / f"{name}.sqlite", paths[-1])
     broken = tmp_path / "broken.sqlite"
     broken.write_bytes((EXAMPLES / f"{names[0]}.sqlite").read_bytes()[:4096])
-    built = cache.build_stores([paths[0], broken, paths[1], paths[0]])
-    if (os.cpu_count() or 1) < 2:
-        assert built == 0
-        return
-    assert built == 2
-    assert {p.name for p in (cache_dir / "opstore").iterdir() if not p.name.startswith(".")} == {
-        cache.capture_key(p) for p in paths}
-    assert cache.build_stores(paths) == 0  # all stored already: nothing to do
-    for path in paths:
+    jobs = [_Job(str(p)) for p in (paths[0], broken, paths[1])]
+    log = tmp_path / "builds.txt"
+    monkeypatch.setenv("BUILD_LOG", str(log))
+    monkeypatch.setattr(cache, "build_store", _logged_build)
+    monkeypatch.setenv("PROFATTR_READ_WORKERS", "2")
+    reads = read_pool.read_in_workers(jobs, [paths[0], tmp_path / "missing.sqlite"], _pid_and_budget)
+    builds = [line.split(" ", 1) for line in log.read_text().splitlines()]
+    assert sorted(Path(b[1]).name for b in builds) == sorted(["broken.sqlite"] + [p.name for p in paths])  # once each
+    assert str(os.getpid()) not in {b[0] for b in builds}  # in workers
+    entries = {p.name for p in (cache_dir / "opstore").iterdir() if not p.name.startswith(".")}
+    assert entries == {cache.capture_key(p) for p in paths}  # the damaged one has none
+    assert reads[1] is None  # the damaged capture: read again by the caller, which meets its error
+    pids = {pid for pid, _ in reads[::2]}
+    assert os.getpid() not in pids  # read in workers
+    monkeypatch.setenv("PROFATTR_READ_WORKERS", "1")
+    assert read_pool.read_in_workers(jobs, [], _pid_and_budget) == [None] * 3  # one worker: read here
+    for (_, got), path in zip(reads[::2], paths):
         with open_export(path) as export:
             reference = _one_window(export, "auto", load_rules(()))
-            source = cache.open_store(export)
-            assert source.cached
-            source.close()
-        _same_budget(reference, compute_budget(path))
+        _same_budget(reference, got)
+    monkeypatch.setenv("PROFATTR_READ_WORKERS", "2")
+    monkeypatch.setenv("PROFATTR_NO_CACHE", "1")  # the cache off: reads still run in workers, nothing is stored
+    again = read_pool.read_in_workers(jobs[::2], [], _pid_and_budget)
+    assert all(r is not None and r[0] != os.getpid() for r in again)
+
+
+class _Job:  # the one field of report/capture_reads.py ReadJob that read_pool reads, and `force`
+    def __init__(self, path):
+        self.path, self.force = path, False
+
+
+_build = cache.build_store
+
+
+def _logged_build(path):
+    with open(os.environ["BUILD_LOG"], "a") as fh:  # a line per build, from whichever process built it
+        fh.write(f"{os.getpid()} {path}\n")
+    return _build(path)
+
+
+def _pid_and_budget(job):
+    return os.getpid(), compute_budget(job.path)
 
 
 def test_one_export_is_stored_while_the_command_imports(tmp_path, cache_dir, monkeypatch):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import sqlite3
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -118,14 +119,20 @@ def test_the_reports_gap_measures_the_categories_of_its_rules(tmp_path, export_e
 
 class _Opens:
     """Counts, per capture file, the reader's opens (trace/reader.py connect_read_only) and every other SQLite
-    connection to it (a second path to the data, around the reader)."""
+    connection to it (a second path to the data, around the reader), in this process and in the worker processes a
+    report reads its captures in (forked: they count with the same functions, into the same file)."""
 
-    def __init__(self, monkeypatch):
-        self.reader, self.other, self._inside = {}, {}, False
+    def __init__(self, monkeypatch, log):
+        self.log = log
+        self._inside = False
         connect, read_only = sqlite3.connect, reader.connect_read_only
 
+        def note(kind, key) -> None:
+            with open(log, "a") as fh:
+                fh.write(f"{kind}\t{key}\n")
+
         def counted_read_only(path, head):
-            self.reader[path.resolve()] = self.reader.get(path.resolve(), 0) + 1
+            note("reader", path.resolve())
             self._inside = True
             try:
                 return read_only(path, head)
@@ -135,12 +142,28 @@ class _Opens:
         def counted_connect(database, *args, **kwargs):
             text = str(database)
             if not self._inside and text.startswith("file:"):
-                key = text.split("?", 1)[0]
-                self.other[key] = self.other.get(key, 0) + 1
+                note("other", text.split("?", 1)[0])
             return connect(database, *args, **kwargs)
 
         monkeypatch.setattr(reader, "connect_read_only", counted_read_only)
         monkeypatch.setattr(sqlite3, "connect", counted_connect)
+
+    def _counts(self, kind: str) -> dict:
+        out: dict = {}
+        lines = self.log.read_text().splitlines() if self.log.exists() else []
+        for k, key in (line.split("\t", 1) for line in lines):
+            if k == kind:
+                key = Path(key) if kind == "reader" else key
+                out[key] = out.get(key, 0) + 1
+        return out
+
+    @property
+    def reader(self) -> dict:
+        return self._counts("reader")
+
+    @property
+    def other(self) -> dict:
+        return self._counts("other")
 
 
 @pytest.mark.parametrize("via", ["cli", "api"])
@@ -152,7 +175,7 @@ def test_a_report_opens_each_capture_once(tmp_path, monkeypatch, export_example,
     captures = [bare, EXAMPLES / "sglang-triton_kernel-bs1.sqlite", export_example("wl-eager-loop")]
     for c in captures:  # the op store built first: building it reads the export on a second connection, once ever
         profattr.open(c).budget()
-    opens = _Opens(monkeypatch)
+    opens = _Opens(monkeypatch, tmp_path / "opens.log")
     out = tmp_path / "report"
     if via == "cli":
         _report([*captures, "-o", out])
@@ -170,7 +193,7 @@ def test_a_report_projected_to_another_gpu_opens_its_first_capture_once(tmp_path
     monkeypatch.setenv("PROFATTR_CACHE", str(tmp_path / "cache"))
     capture = export_example("glm5/glm-triton-bs1-r1")
     profattr.open(capture).budget()  # the op store built first (once ever, on a connection of its own)
-    opens = _Opens(monkeypatch)
+    opens = _Opens(monkeypatch, tmp_path / "opens.log")
     out = tmp_path / "report"
     _report([capture, "-o", out, "--to", "rtx-pro-6000-ws", "--to-tp", "8"])
     assert opens.reader == {capture.resolve(): 1}

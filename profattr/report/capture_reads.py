@@ -1,6 +1,7 @@
 """Each capture of a report read once, from one open reader: its budget, launch and idle analysis, timeline steps,
-lint findings and (for the capture projected to another GPU) its host cycle; the captures one after another (their
-op stores built beforehand, a process per core: trace/cache.py build_stores), a file named twice read once.
+lint findings and (for the capture projected to another GPU) its host cycle; a file named twice read once. With two
+or more cores the op stores are built and the captures read in worker processes, a process per core (read_pool.py),
+else one after another here.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from profattr import progress
 from profattr.attribute.budget import ONE_WINDOW, Budget, compute_budget, opened
 from profattr.errors import ProfattrError
 from profattr.attribute.host_cycle import host_cycle
+from profattr.report import read_pool
 from profattr.report.launches import launch_stats
 from profattr.report.timeline import capture_views
 from profattr.report.window_views import window_views
@@ -46,8 +48,10 @@ class CaptureRead:
     host: Optional[dict]
 
 
-def read_captures(jobs: list) -> list:
-    """A CaptureRead per job, in order."""
+def read_captures(jobs: list, also_stored=()) -> list:
+    """A CaptureRead per job, in order. `also_stored`: captures the command reads later (the other replicates of a
+    group), whose op stores are built beside the reads. A capture a worker could not read is read here, so its
+    error is the one a read in this process meets."""
     unique: list = []
     slot = []
     for job in jobs:
@@ -56,10 +60,11 @@ def read_captures(jobs: list) -> list:
             unique.append(job)
             k = len(unique) - 1
         slot.append(k)
-    reads = []
-    for job in unique:
-        with progress.stage(f"reading {Path(job.path).name}"):
-            reads.append(read_capture(job))
+    reads = read_pool.read_in_workers(unique, also_stored, read_capture)
+    for i, job in enumerate(unique):
+        if reads[i] is None:
+            with progress.stage(f"reading {Path(job.path).name}"):
+                reads[i] = read_capture(job)
     return [reads[k] for k in slot]
 
 

@@ -16,7 +16,6 @@ from profattr.report.budget_view import exclusive_ms
 from profattr.report.capture_reads import ReadJob, read_captures
 from profattr.run_record import RunRecord, or_empty
 from profattr.taxonomy.classify import load_rules
-from profattr.trace.cache import build_stores
 
 # rules about kernels of other GPU generations or FP4 formats: the part of the taxonomy these captures cannot test
 OTHER_HARDWARE = re.compile(r"sm_?1[0-2]\d|sm1[0-2]x|fp4|e2m1|nvf4|blockscaled|b12x", re.IGNORECASE)
@@ -242,9 +241,8 @@ def collect_report(paths: Sequence, labels: Optional[Sequence[str]] = None, step
                             force=force_export, skip_steps=skip_steps, mapping=mapping, by=by, defaults=defaults,
                             graph_twin=(graph_twins or {}).get(given),
                             host_cycle=project_to is not None and not jobs))  # the first capture, with --to
-    if not force_export:  # the exports read at once, a process per core (--force exports them again first)
-        build_stores([m for given in paths for m in expand(given)])
-    reads = read_captures(jobs)
+    # the other replicates' stores are built beside the reads (--force exports them again first: not beforehand)
+    reads = read_captures(jobs, also_stored=[] if force_export else [m for g in paths for m in expand(g)[1:]])
     for (given, path, run, run_path, run_note, mapping, members, by), job, read in zip(contexts, jobs, reads):
         budget = read.budget
         data = budget.to_dict()

@@ -176,8 +176,8 @@ class StoreSource:
     def api_calls(self) -> dict:
         return self.export.api_calls()
 
-    def api_keys(self):
-        return self.export.api_keys()
+    def fold_api_keys(self, start):
+        return self.export.fold_api_keys(start)
 
     def record_span(self) -> tuple:
         return self.export.record_span()
@@ -313,35 +313,11 @@ def describe() -> dict:
                                                        for e in entries if (e / "meta.json").exists()]}
 
 
-def build_stores(paths) -> int:
-    """Fill the cache with the op stores of several nsys exports at once, a process per core, so that a command
-    reading them one after another (a report of several captures) finds each one cached instead of reading the
-    exports in turn; returns how many were built. Only with the cache on, two or more cores and two or more
-    exports not yet stored; anything that goes wrong is left for the command to meet when it reads that capture
-    (it says what is wrong then), and without worker processes nothing is done."""
-    from concurrent.futures import ProcessPoolExecutor
-    from concurrent.futures.process import BrokenProcessPool
-
-    cores = os.cpu_count() or 1
-    if not enabled() or cores < 2:
-        return 0
-    todo = [p for p in (_unstored_export(p) for p in paths) if p is not None]
-    todo = [p for i, p in enumerate(todo) if all(not os.path.samefile(p, q) for q in todo[:i])]
-    if len(todo) < 2:
-        return 0
-    try:
-        with progress.stage(f"reading {len(todo)} captures"):
-            with ProcessPoolExecutor(max_workers=min(len(todo), cores), initializer=_quiet) as pool:
-                return sum(pool.map(_build_store, todo))
-    except (OSError, BrokenProcessPool):
-        return 0
-
-
 def store_while(paths, work) -> None:
     """Run `work()` (a command's imports) on a thread while the one nsys export among `paths` that has no op store
     yet is stored in the cache here: the two longest waits of a first look at a capture overlap, as in `budget`
     (attribute/result_cache.py). Nothing is built with the cache off, or when two or more exports need a store (the
-    command reads those in processes of its own); anything that goes wrong is left for the command to meet when it
+    report reads those in processes of its own: report/read_pool.py); anything that goes wrong is left for the command to meet when it
     reads that capture. `work`'s error is raised here."""
     import threading
 
@@ -357,17 +333,20 @@ def store_while(paths, work) -> None:
     thread.start()
     try:
         if enabled():
-            todo = [p for p in (_unstored_export(p) for p in paths) if p is not None]
+            todo = [p for p in (unstored_export(p) for p in paths) if p is not None]
             if len({os.path.realpath(p) for p in todo}) == 1:
-                _build_store(todo[0])
+                build_store(todo[0])
     finally:
         thread.join()
     if failed:
         raise failed[0]
 
 
-def _unstored_export(path) -> Path | None:
-    """The SQLite export a capture is read from (cache_keys.current_export) when it has no store in the cache yet."""
+def unstored_export(path) -> Path | None:
+    """The SQLite export a capture is read from (cache_keys.current_export) when the cache is on and has no store of
+    it yet; else None."""
+    if not enabled():
+        return None
     export = cache_keys.current_export(path)
     try:
         return None if export is None or (cache_root() / capture_key(export)).exists() else export
@@ -375,11 +354,13 @@ def _unstored_export(path) -> Path | None:
         return None
 
 
-def _quiet() -> None:
-    os.environ["PROFATTR_PROGRESS"] = "0"  # the parent draws the one progress line
+def quiet() -> None:
+    """A worker process's start: the parent draws the one progress line."""
+    os.environ["PROFATTR_PROGRESS"] = "0"
 
 
-def _build_store(path: Path) -> int:
+def build_store(path: Path) -> int:
+    """Store the export at `path` in the cache; 1 when built here, 0 when it was there or could not be read."""
     from profattr.trace.reader import open_export
 
     try:
