@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 from hypothesis.configuration import set_hypothesis_home_dir
 
 from profattr.errors import ProfattrError
+from profattr.trace.protocol import KeyBlocks
 from synth import Builder, gpid, gtid
 
 EXAMPLES = {"budget": 250, "trace": 2000, "trace_text": 800, "jsonstream": 1500, "classify": 2000,
@@ -159,7 +160,7 @@ def _read_trace(path) -> None:
     t.ranges()
     t.graph_launches()
     t.api_calls()
-    t.api_keys()
+    t.fold_api_keys(KeyBlocks)
     t.kernel_configs()
     t.strings(range(len(t.names)))
 

@@ -17,6 +17,7 @@ from independent import sql as _sql
 from profattr.attribute.many import MergedSource
 from profattr.trace.cache import StoreSource, open_store
 from profattr.trace.kineto import KinetoTrace
+from profattr.trace.protocol import KeyBlocks
 from profattr.trace.ops import Ops
 from profattr.trace.protocol import Reader, is_reader
 from profattr.trace.reader import Export, open_export
@@ -51,7 +52,7 @@ def _answers(reader, fmt: str, windows: bool, tables: bool, torch: bool) -> None
     api = reader.api_calls()
     assert set(api) == {"tid", "start", "end", "kind"} and len(api["tid"]) > 0
     assert set(np.unique(api["kind"]).tolist()) <= {0, 1, 2, 3}
-    assert isinstance(reader.api_keys(), np.ndarray)
+    assert all(isinstance(b, np.ndarray) for b in reader.fold_api_keys(KeyBlocks).blocks)
     lo, hi = reader.record_span()
     assert lo is not None and hi > lo
     configs = reader.kernel_configs()
@@ -70,7 +71,11 @@ def test_nsys_export_and_its_store_answer_the_interface(tmp_path, monkeypatch):
     expected_calls = _sql(SQLITE, "SELECT count(*) FROM CUPTI_ACTIVITY_KIND_RUNTIME")[0][0]
     with open_export(SQLITE) as export:
         _answers(export, "nsys", windows=False, tables=True, torch=False)
-        assert export.nsys_tables() is export and len(export.api_keys()) == expected_calls
+        assert export.nsys_tables() is export
+        keys = np.sort(np.concatenate(export.fold_api_keys(KeyBlocks).blocks))
+        assert len(keys) == expected_calls
+        assert keys.tolist() == sorted(((t >> 24) & 0xFFFFFFFF) << 32 | c for t, c in _sql(
+            SQLITE, "SELECT globalTid, correlationId FROM CUPTI_ACTIVITY_KIND_RUNTIME"))
         store = open_store(export)
         try:
             _answers(store, "nsys", windows=True, tables=True, torch=False)
@@ -133,7 +138,7 @@ def test_merged_ranks_name_their_kernels_as_each_rank_does(tmp_path):
         op_names = merged.strings(np.unique(ops.demangled_id))
         assert sorted(op_names[int(i)] for i in ops.demangled_id[ops.kind == 0]) == sorted(expected)
         calls = sum(_sql(p, "SELECT count(*) FROM CUPTI_ACTIVITY_KIND_RUNTIME")[0][0] for p in (first, second))
-        assert len(merged.api_keys()) == calls
+        assert sum(len(b) for b in merged.fold_api_keys(KeyBlocks).blocks) == calls
         assert merged.nsys_tables() is None and merged.time_windows() is None
     finally:
         merged.close()

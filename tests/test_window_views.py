@@ -218,24 +218,26 @@ def _read_plain(read) -> list:
             read.checks_source]
 
 
-def test_a_file_named_twice_is_read_once_and_as_without_the_cache(tmp_path, monkeypatch):
-    """read_captures (a report's captures, their stores built beforehand): a file named twice read once, each read
-    the one that the budget and views give with no cache at all."""
+@pytest.mark.parametrize("workers", ["2", "1"])
+def test_a_file_named_twice_is_read_once_and_as_without_the_cache(tmp_path, monkeypatch, workers):
+    """read_captures (a report's captures; with two workers their stores built and the captures read in worker
+    processes, with one here): a file named twice read once, each read the one that the budget and views give in
+    this process with no cache at all."""
     import shutil
 
     from conftest import EXAMPLES
     from profattr.report.capture_reads import read_capture, read_captures
-    from profattr.trace.cache import build_stores
 
     monkeypatch.setenv("PROFATTR_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("PROFATTR_READ_WORKERS", workers)
     paths = []
     for name in ("sglang-triton-bs1", "sglang-triton_kernel-bs1"):
         paths.append(tmp_path / f"{name}.sqlite")
         shutil.copyfile(EXAMPLES / f"{name}.sqlite", paths[-1])
     jobs = _jobs([paths[0], paths[1], paths[0]])
-    build_stores(paths)
     reads = read_captures(jobs)
     assert reads[0] is reads[2] and reads[0] is not reads[1]
+    assert len(list((tmp_path / "cache" / "opstore").iterdir())) == 2  # stored where they were read
     monkeypatch.setenv("PROFATTR_NO_CACHE", "1")
     assert [_read_plain(r) for r in reads[:2]] == [_read_plain(read_capture(job)) for job in jobs[:2]]
 
@@ -257,31 +259,66 @@ def test_a_damaged_capture_among_others_is_one_clear_error(tmp_path, monkeypatch
     assert "broken.sqlite" in str(err.value) and "\n" not in str(err.value)
 
 
-@pytest.mark.parametrize("seed", range(5))
-def test_correlation_gaps_per_process_against_plain_python(seed):
-    """Each process's run of keys found by a search (no process or id column of every key), processes up to the
-    top of the key's range; against sorted sets and medians written here."""
-    from profattr.check.facts import BIG_GAP_FACTOR, BIG_GAP_IDS, correlation_gaps
+@pytest.mark.parametrize("workers", ["2", "1"])
+def test_warnings_of_captures_read_in_workers_are_said_once_by_the_command(tmp_path, monkeypatch, workers):
+    """A capture with a damaged row, read in a worker process beside a sound one (report/read_pool.py), or here: the
+    command says its warning once on stderr, and the library gives it as a Python warning (a worker's own stderr
+    and warnings would reach neither)."""
+    import warnings
 
-    rng = np.random.default_rng(seed)
-    procs = rng.choice([0, 5, 77, 2**31 - 1], size=int(rng.integers(1, 5)), replace=False).tolist()
-    keys = []
-    for p in procs:
-        ids = rng.integers(0, 2**32 - 1, int(rng.integers(0, 200))).tolist() + [1, 2, 2]  # repeats too
-        keys += [(p << 32) | i for i in ids]
-    rng.shuffle(keys)
-    want = {"processes": 0, "largest_gap": 0, "usual_gap": 0, "big_gaps": 0, "ids_in_big_gaps": 0, "span": 0}
-    for p in sorted(procs):
-        ids = sorted({k & 0xFFFFFFFF for k in keys if k >> 32 == p})
-        if len(ids) < 3:
-            continue
-        gaps = [b - a for a, b in zip(ids, ids[1:])]
-        usual = max(int(np.median(gaps)), 1)
-        big = [g for g in gaps if g > max(BIG_GAP_IDS, BIG_GAP_FACTOR * usual)]
-        want["processes"] += 1
-        want["largest_gap"] = max(want["largest_gap"], max(gaps))
-        want["usual_gap"] = max(want["usual_gap"], usual)
-        want["big_gaps"] += len(big)
-        want["ids_in_big_gaps"] += sum(big)
-        want["span"] += ids[-1] - ids[0]
-    assert correlation_gaps(np.array(keys, dtype=np.int64)) == want
+    from click.testing import CliRunner
+
+    import profattr
+    from badinput import KERNEL, copy_export
+    from badinput import sql as run_sql
+    from profattr.cli import cli
+
+    monkeypatch.setenv("PROFATTR_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("PROFATTR_READ_WORKERS", workers)
+    good = copy_export(tmp_path, "good.sqlite")
+    damaged = copy_export(tmp_path, "damaged.sqlite")
+    run_sql(damaged, f"UPDATE {KERNEL} SET streamId = -3 WHERE rowid = (SELECT min(rowid) FROM {KERNEL})")
+    result = CliRunner().invoke(cli, ["report", str(good), str(damaged), "-o", str(tmp_path / "cli"),
+                                      "--samples", "50"])
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.stderr.splitlines() if line.startswith("warning: ")]
+    assert len([line for line in lines if "damaged.sqlite: skipped 1 damaged row" in line]) == 1, lines
+    assert not any("good.sqlite" in line and "damaged row" in line for line in lines)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        profattr.report([good, damaged], tmp_path / "lib", samples=50)
+    said = [str(w.message) for w in caught if issubclass(w.category, profattr.errors.ProfattrWarning)]
+    assert any("damaged.sqlite: skipped 1 damaged row" in m for m in said), said
+
+
+@pytest.mark.parametrize("part", [7, 1 << 20])
+def test_calls_per_step_against_plain_python(part, monkeypatch):
+    """launches._calls_per_step, the CUDA calls of each step by kind a part of the calls at a time: each call in the
+    latest-starting step of its thread that started at or before it, when that step had not ended; per kind the
+    calls, and the synchronizations' host time; on real graph and eager captures."""
+    from conftest import EXAMPLES
+    from profattr.attribute.budget import compute_budget
+    from profattr.report import launches
+    from profattr.trace.source import open_trace
+
+    monkeypatch.setattr(launches, "CALLS_PER_PART", part)
+    for name in ("sglang-triton-bs1.sqlite", "sglang-triton-bs1-eager.nsys-rep"):
+        path = EXAMPLES / name
+        budget = compute_budget(path, keep_attribution=True)
+        steps = budget.attribution.steps
+        with open_trace(path) as source:
+            api = source.api_calls()
+        got = launches._calls_per_step(steps, api)
+        want = np.zeros((len(steps), 5))
+        for tid, start, end, kind in zip(*(api[k].tolist() for k in ("tid", "start", "end", "kind"))):
+            mine = [i for i in range(len(steps)) if steps.tid[i] == tid and steps.start[i] <= start]
+            if not mine:
+                continue
+            i = max(mine, key=lambda j: (steps.start[j], j))
+            if steps.end[i] < start:
+                continue
+            want[i, kind] += 1
+            if kind == 3:
+                want[i, 4] += end - start
+        assert want[:, :4].sum() > 0
+        assert got.tolist() == want.tolist()

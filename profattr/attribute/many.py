@@ -18,6 +18,7 @@ import pandas as pd
 from profattr.arrays import unique
 from profattr.errors import ProfattrError
 from profattr.trace.ops import Ops
+from profattr.trace.protocol import KeyBlocks
 
 
 def report_budget(report_path, steps: str = "auto", rules: Sequence = (), export_with_recipe: bool = False):
@@ -177,8 +178,12 @@ class MergedSource:
     def api_calls(self) -> dict:
         return self._concat([s.api_calls() for s in self.sources])  # thread ids hold the process: no clash
 
-    def api_keys(self) -> np.ndarray:
-        return np.concatenate([s.api_keys() for s in self.sources])  # process << 32 | correlationId: no clash
+    def fold_api_keys(self, start):
+        acc = start()  # process << 32 | correlationId: the sources' keys do not clash
+        for source in self.sources:  # each source read whole first: one that reads again starts afresh
+            for block in source.fold_api_keys(KeyBlocks).blocks:
+                acc.add(block)
+        return acc
 
     def record_span(self) -> tuple:
         spans = [s.record_span() for s in self.sources]

@@ -15,7 +15,7 @@ Each says the likely cause (old nsys for this CUDA, buffer loss, window closed e
 from __future__ import annotations
 
 from profattr.check import FAIL, PASS, SKIP, WARN, Finding
-from profattr.check.facts import correlation_gaps
+from profattr.check.correlation_ids import CorrelationIds
 from profattr.run_record import RunRecord, or_empty
 from profattr.tools.nsys import parse_version
 
@@ -31,7 +31,7 @@ CAUSE = ("records were lost: an nsys too old for this CUDA (use 2024.2.3 or newe
 
 
 def check_records(source) -> Finding:
-    gaps = correlation_gaps(source.api_keys())
+    gaps = source.fold_api_keys(CorrelationIds).result()
     if not gaps["processes"]:
         return Finding("records", SKIP, "too few CUDA calls to check their correlation ids")
     lost = gaps["ids_in_big_gaps"] / gaps["span"] if gaps["span"] else 0.0

@@ -330,6 +330,9 @@ class _DeviceTally:
         return stats
 
 
+CALLS_PER_PART = 1 << 20  # calls assigned to steps at a time: the search's temporaries stay a part's
+
+
 def _calls_per_step(st, api: dict) -> np.ndarray | None:
     """Array steps x (graph, kernel, memory, sync, sync_ns) of CUDA API calls; None without recorded calls.
 
@@ -338,13 +341,15 @@ def _calls_per_step(st, api: dict) -> np.ndarray | None:
     n = len(st)
     if n == 0 or not len(api["kind"]):
         return None
-    step = st.assign(api["tid"], api["start"])
-    ok = step >= 0
-    step, kind, dur = step[ok], api["kind"][ok], (api["end"] - api["start"])[ok]
-    counts = np.zeros((n, 5), dtype=np.float64)
-    for k in range(4):
-        counts[:, k] = np.bincount(step[kind == k], minlength=n)[:n]
-    counts[:, 4] = np.bincount(step[kind == 3], weights=dur[kind == 3], minlength=n)[:n]
+    counts = np.zeros((n, 5), dtype=np.float64)  # integers, and sums of integer ns far below 2**53: exact
+    for lo in range(0, len(api["kind"]), CALLS_PER_PART):
+        part = slice(lo, lo + CALLS_PER_PART)
+        step = st.assign(api["tid"][part], api["start"][part])
+        ok = step >= 0
+        step, kind, dur = step[ok], api["kind"][part][ok], (api["end"][part] - api["start"][part])[ok]
+        for k in range(4):
+            counts[:, k] += np.bincount(step[kind == k], minlength=n)[:n]
+        counts[:, 4] += np.bincount(step[kind == 3], weights=dur[kind == 3], minlength=n)[:n]
     return counts
 
 

@@ -76,7 +76,9 @@ def view_of(budget, device: int, step: int, ops, category: np.ndarray, steps, ap
                    & (ranges["start"].to_numpy(np.int64) < end)]
         nvtx = [(int(s) - origin, int(e) - origin, host_gaps.label(clean(str(t)), 40))
                 for s, e, t in zip(r["start"], r["end"], r["text"])]
-    activity = host_gaps.host_activity(gs, ge, api, ranges, steps, 1)
+    # the host activity in the step's gaps, which lie inside its span: the calls of that span only (any thread)
+    near = (api["end"] > origin) & (api["start"] < end) if len(api["kind"]) else slice(None)
+    activity = host_gaps.host_activity(gs, ge, {k: v[near] for k, v in api.items()}, ranges, steps, 1)
     per_cat: dict = {}
     for c, ns in zip(category, (ops.end - ops.start).tolist()):
         per_cat[c] = per_cat.get(c, 0) + ns

@@ -391,8 +391,10 @@ class KinetoTrace:
         ends = [a["end"].max() for a in (self._api_arrays, self._range_arrays) if len(a["end"])]
         return (int(min(starts)), int(max(ends))) if starts else (None, None)
 
-    def api_keys(self) -> np.ndarray:
-        return self._api_arrays["key"]
+    def fold_api_keys(self, start):
+        acc = start()
+        acc.add(self._api_arrays["key"])
+        return acc
 
     def api_calls(self) -> dict:
         a = self._api_arrays

@@ -53,8 +53,9 @@ class Reader(Protocol):
     def api_calls(self) -> dict:
         """CUDA calls that launch, copy or wait: arrays tid, start, end, kind (0 graph, 1 kernel, 2 memory, 3 sync)."""
 
-    def api_keys(self) -> np.ndarray:
-        """process << 32 | correlationId of every recorded CUDA call."""
+    def fold_api_keys(self, start):
+        """`start()`, an accumulator, given (`.add(keys)`) the keys process << 32 | correlationId of every recorded
+        CUDA call a block at a time, in any order; returns it."""
 
     def record_span(self) -> tuple:
         """(first start, last end) of the CPU-side records; (None, None) without any."""
@@ -93,3 +94,13 @@ class Reader(Protocol):
 def is_reader(value) -> bool:
     """Whether `value` is an open reader (rather than a path or a list of paths)."""
     return isinstance(value, Reader)
+
+
+class KeyBlocks:
+    """An accumulator for fold_api_keys that keeps the blocks as they come (`blocks`)."""
+
+    def __init__(self):
+        self.blocks: list = []
+
+    def add(self, keys) -> None:
+        self.blocks.append(np.asarray(keys, dtype=np.int64))

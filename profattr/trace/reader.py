@@ -132,13 +132,18 @@ class Export:
         row = self.query(load_query("record_span", runtime=runtime, nvtx=nvtx))[0]
         return (row[0], row[1])
 
-    def api_keys(self) -> np.ndarray:
-        """process << 32 | correlationId of every recorded CUDA call (for the completeness check)."""
-        if not self.has(RUNTIME):
-            return np.zeros(0, dtype=np.int64)
-        return self._read(lambda: columns_of(self.blocks_by_rows(RUNTIME, "r", "runtime_correlation", 1,
-                                                                 fetch.threads()), ["key"],
-                                             max_rows=self.count(RUNTIME))["key"])
+    def fold_api_keys(self, start):
+        """`start()` given the keys process << 32 | correlationId of every recorded CUDA call, a block of rowids at a
+        time (for the completeness check: memory is a block, not the table); returns it. Read again from a new
+        accumulator when damaged rows had to be hidden first."""
+        def fold():
+            acc = start()
+            if self.has(RUNTIME):
+                for block in self.blocks_by_rows(RUNTIME, "r", "runtime_correlation", 1, fetch.threads()):
+                    acc.add(block[0])
+            return acc
+
+        return self._read(fold)
 
     def api_calls(self) -> dict:
         """CUDA calls that launch, copy or wait: arrays tid, start, end, kind (0 graph, 1 kernel, 2 memory, 3 sync)."""
@@ -147,7 +152,8 @@ class Export:
         if self._api_calls is None:  # read-only arrays: the callers share them
             names = ["tid", "start", "end", "kind"]
             calls = self._read(lambda: self.claims.events(columns_of(self.blocks_by_rows(
-                RUNTIME, "r", "api_calls", len(names), fetch.threads()), names), "api_calls"))
+                RUNTIME, "r", "api_calls", len(names), fetch.threads()), names, self.rows_at_most(RUNTIME)),
+                "api_calls"))
             for values in calls.values():
                 values.setflags(write=False)
             self._api_calls = calls
@@ -251,6 +257,16 @@ class Export:
             raise DamagedValues(f"{self.path}: a NULL, a text or a number beyond 64 bits in an integer column of a "
                                 "query; the export looks damaged (re-export it with `nsys export --type sqlite`)"
                                 ) from None
+
+    def rows_at_most(self, table: str) -> int | None:
+        """An upper bound of the rows of `table` from its first and last rowid (no scan), None when unknown: a
+        buffer of that size is filled without growing, and the pages it never fills are never touched (they take
+        no memory)."""
+        try:
+            first, last = self.query(load_query("rowid_bounds", table=table))[0]
+        except ProfattrError:
+            return None
+        return int(last) - int(first) + 1 if first is not None and last is not None else 0
 
     def count(self, table: str) -> int:
         return int(self.query(f"SELECT count(*) FROM {table}")[0][0]) if self.has(table) else 0
@@ -415,7 +431,9 @@ def resolve_capture(path, force: bool = False, nsys: str | None = None, kind: st
 
 
 def columns_of(blocks, names: Sequence[str], max_rows: int | None = None) -> dict:
-    """(len(names) x n) int64 blocks gathered into one contiguous array per column (Export.arrays)."""
+    """(len(names) x n) int64 blocks gathered into one contiguous array per column (Export.arrays). `max_rows`, an
+    upper bound of the rows, sizes the buffer at once: the part of each column never filled is never touched, so it
+    takes no memory, and nothing is copied as the rows come."""
     buf = np.empty((len(names), max(int(max_rows or 0), 1)), dtype=np.int64)
     filled = 0
     for block in blocks:
