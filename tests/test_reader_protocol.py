@@ -53,6 +53,10 @@ def _answers(reader, fmt: str, windows: bool, tables: bool, torch: bool) -> None
     assert set(api) == {"tid", "start", "end", "kind"} and len(api["tid"]) > 0
     assert set(np.unique(api["kind"]).tolist()) <= {0, 1, 2, 3}
     assert all(isinstance(b, np.ndarray) for b in reader.fold_api_keys(KeyBlocks).blocks)
+    held = reader.host_calls()  # the same calls, in start order
+    assert len(held) == len(api["tid"]) and [held.count(k) for k in range(4)] == np.bincount(api["kind"], minlength=4).tolist()
+    order = np.argsort(api["start"], kind="stable")
+    assert np.concatenate([b["start"] for b in held.blocks()]).tolist() == api["start"][order].tolist()
     lo, hi = reader.record_span()
     assert lo is not None and hi > lo
     configs = reader.kernel_configs()

@@ -157,11 +157,13 @@ def test_overlap_is_summed_over_gaps_in_any_split(seed, monkeypatch):
     assert host_gaps.overlap_ns(gs + big, ge + big, cs + big, ce + big).tolist() == want
 
 
-@pytest.mark.parametrize("in_start_order", [False, True])
-def test_host_tally_in_windows_is_the_tally_of_all_gaps(in_start_order):
+@pytest.mark.parametrize("in_start_order, spilled", [(False, False), (True, False), (True, True)])
+def test_host_tally_in_windows_is_the_tally_of_all_gaps(in_start_order, spilled, monkeypatch):
+    """The calls held whole (sorted by start where they are not), or spilled in blocks of 7 calls (trace/calls.py)."""
     import pandas as pd
 
     from profattr.attribute.steps import Steps
+    from profattr.trace import calls as call_sets
 
     rng = np.random.default_rng(3)
     gs = np.sort(rng.integers(0, 100_000, 400))
@@ -175,7 +177,9 @@ def test_host_tally_in_windows_is_the_tally_of_all_gaps(in_start_order):
     ranges = pd.DataFrame({"start": starts, "end": starts + rng.integers(1, 900, 60), "tid": np.arange(60),
                            "text": [f"r{i % 7}" for i in range(60)]})
     steps = Steps(source="nvtx:x", tid=np.array([999]), start=np.array([0]), end=np.array([1]))
-    calls = host_gaps.HostCalls(api, ranges, steps)
+    monkeypatch.setattr(call_sets, "BLOCK_CALLS", 7)
+    held = call_sets.SpilledCalls.of([api]) if spilled else call_sets.WholeCalls(api)
+    calls = host_gaps.HostCalls(held, ranges, steps)
     whole = calls.tally().add(gs, ge).result(5)
     parts = calls.tally()
     for idx in np.array_split(np.arange(len(gs)), 9):
@@ -291,24 +295,25 @@ def test_warnings_of_captures_read_in_workers_are_said_once_by_the_command(tmp_p
     assert any("damaged.sqlite: skipped 1 damaged row" in m for m in said), said
 
 
-@pytest.mark.parametrize("part", [7, 1 << 20])
-def test_calls_per_step_against_plain_python(part, monkeypatch):
-    """launches._calls_per_step, the CUDA calls of each step by kind a part of the calls at a time: each call in the
+@pytest.mark.parametrize("block", [7, 1 << 18])
+def test_calls_per_step_against_plain_python(block, monkeypatch):
+    """launches._calls_per_step, the CUDA calls of each step by kind a block of the calls at a time: each call in the
     latest-starting step of its thread that started at or before it, when that step had not ended; per kind the
     calls, and the synchronizations' host time; on real graph and eager captures."""
     from conftest import EXAMPLES
     from profattr.attribute.budget import compute_budget
     from profattr.report import launches
+    from profattr.trace import calls
     from profattr.trace.source import open_trace
 
-    monkeypatch.setattr(launches, "CALLS_PER_PART", part)
+    monkeypatch.setattr(calls, "BLOCK_CALLS", block)
     for name in ("sglang-triton-bs1.sqlite", "sglang-triton-bs1-eager.nsys-rep"):
         path = EXAMPLES / name
         budget = compute_budget(path, keep_attribution=True)
         steps = budget.attribution.steps
         with open_trace(path) as source:
             api = source.api_calls()
-        got = launches._calls_per_step(steps, api)
+            got = launches._calls_per_step(steps, source.host_calls())
         want = np.zeros((len(steps), 5))
         for tid, start, end, kind in zip(*(api[k].tolist() for k in ("tid", "start", "end", "kind"))):
             mine = [i for i in range(len(steps)) if steps.tid[i] == tid and steps.start[i] <= start]

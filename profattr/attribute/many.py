@@ -178,6 +178,11 @@ class MergedSource:
     def api_calls(self) -> dict:
         return self._concat([s.api_calls() for s in self.sources])  # thread ids hold the process: no clash
 
+    def host_calls(self):
+        from profattr.trace.calls import WholeCalls
+
+        return WholeCalls(self.api_calls())
+
     def fold_api_keys(self, start):
         acc = start()  # process << 32 | correlationId: the sources' keys do not clash
         for source in self.sources:  # each source read whole first: one that reads again starts afresh

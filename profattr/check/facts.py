@@ -15,7 +15,6 @@ class Facts:
     devices: list  # per device: deviceId, processes, kernels, graph_node_kernels, first_start_ns, last_end_ns, kernel_ns
     calls: tuple  # (CUDA launch/copy/sync calls, of them graph launches)
     names: list  # (demangled, short, executions, kernel_ns), largest first
-    api: dict  # api_calls() arrays
     format: str = "nsys"
     nvtx_types: dict | None = None  # nsys: NVTX rows per eventType
     diagnostics: list = field(default_factory=list)  # nsys's own messages (severity, text)
@@ -87,8 +86,8 @@ def gather(source, ops) -> Facts:
     """The facts of a capture from its reader and its ops (trace/ops.py Ops, or an OpFacts already summed)."""
     op_facts = ops if isinstance(ops, OpFacts) else OpFacts.of(ops)
     devices = op_facts.device_rows()
-    api = source.api_calls()
-    calls = (int(len(api["kind"])), int((api["kind"] == 0).sum()))
+    host = source.host_calls()
+    calls = (len(host), host.count(0))
     names = []
     if op_facts.names:
         ids = sorted(op_facts.names)
@@ -96,7 +95,7 @@ def gather(source, ops) -> Facts:
         for i in sorted(ids, key=lambda i: -op_facts.names[i][1]):
             c, t, short = op_facts.names[i]
             names.append((strings.get(i), strings.get(short), c, t))
-    facts = Facts(devices=devices, calls=calls, names=names, api=api, format=source.format)
+    facts = Facts(devices=devices, calls=calls, names=names, format=source.format)
     tables = source.nsys_tables()
     if tables is not None:
         from profattr.check.nsys_records import diagnostics, nvtx_event_types, traced_cuda

@@ -156,14 +156,13 @@ class _Sorted:
 
 
 class HostCalls:
-    """A capture's host activity, sorted once: its CUDA API calls, and its innermost NVTX ranges that enclose no
-    step (host_activity's figures); `tally()` sums what overlaps one device's idle gaps, a set of gaps at a time."""
+    """A capture's host activity: its CUDA API calls (those of any time range, in start order: trace/calls.py), and
+    its innermost NVTX ranges that enclose no step, sorted once (host_activity's figures); `tally()` sums what
+    overlaps one device's idle gaps, a set of gaps at a time."""
 
-    def __init__(self, api: dict, ranges: pd.DataFrame | None, steps):
-        self.api = None
-        if len(api.get("kind", [])):
-            self.api = _Sorted(api["start"], api["end"])
-            self.kind = self.api.sorted(np.asarray(api["kind"], dtype=np.int64))
+    def __init__(self, api, ranges: pd.DataFrame | None, steps):
+        """`api`: the reader's host_calls() (trace/calls.py: the calls of any time range, in start order)."""
+        self.api = api if len(api) else None
         self.ranges, self.short = None, None
         if ranges is not None and len(ranges):
             # innermost ranges only (a parent says less than its children), and none around a whole step
@@ -191,10 +190,12 @@ class HostTally:
         self.idle_ns += int((ge - gs).sum())
         lo, hi = int(gs.min()), int(ge.max())
         c = self.calls
-        if c.api is not None:
-            at = c.api.around(lo, hi)
-            ov = overlap_ns(gs, ge, c.api.start[at], c.api.end[at])
-            kind = c.kind[at]
+        if c.api is not None:  # the calls of the gaps' time, in start order: the ones that can overlap them
+            near = c.api.between(lo, hi)
+            calls = _Sorted(near["start"], near["end"])
+            at = calls.around(lo, hi)
+            ov = overlap_ns(gs, ge, calls.start[at], calls.end[at])
+            kind = near["kind"][at]
             for k in range(len(KINDS)):
                 self.kind_ns[k] += int(ov[kind == k].sum())
         if c.ranges is not None:
@@ -223,8 +224,8 @@ class HostTally:
         return out
 
 
-def host_activity(gs, ge, api: dict, ranges: pd.DataFrame | None, steps, n_steps: int) -> dict:
-    """HostTally.result of the gaps [gs, ge) all at once."""
+def host_activity(gs, ge, api, ranges: pd.DataFrame | None, steps, n_steps: int) -> dict:
+    """HostTally.result of the gaps [gs, ge) all at once (`api`: a trace/calls.py ApiCalls)."""
     return HostCalls(api, ranges, steps).tally().add(gs, ge).result(n_steps)
 
 

@@ -54,9 +54,9 @@ class LaunchTally:
     order, with each op's budget step) and finished once: every figure is a sum, a count, a maximum or an exact
     median (arrays.Median) over the windows, so any split of the ops into such windows gives the same stats."""
 
-    def __init__(self, budget: Budget, source, steps, api: dict | None = None, ranges=None):
-        """`steps`: the budget's; `api`, `ranges`: the reader's api_calls() and ranges(), when already read."""
-        api = source.api_calls() if api is None else api
+    def __init__(self, budget: Budget, source, steps, api=None, ranges=None):
+        """`steps`: the budget's; `api`, `ranges`: the reader's host_calls() and ranges(), when already read."""
+        api = source.host_calls() if api is None else api
         self.budget, self.steps = budget, steps
         self.shared = _Shared(budget, steps, *_samples(source), _calls_per_step(steps, api),
                               host_gaps.HostCalls(api, source.ranges() if ranges is None else ranges, steps),
@@ -88,13 +88,17 @@ def _whole(steps) -> bool:
     return steps.source == "whole" or not len(steps.tid)
 
 
-def _graph_calls(api: dict):
-    """The graph-launch calls, one per (thread, start), with their host duration; None when none were recorded."""
-    graph = api["kind"] == 0
-    if not graph.any():
+def _graph_calls(api):
+    """The graph-launch calls (of the reader's host_calls()), one per (thread, start), with their host duration;
+    None when none were recorded."""
+    if not api.count(0):
         return None
-    return pd.DataFrame({"tid": api["tid"][graph], "start": api["start"][graph],
-                         "dur": api["end"][graph] - api["start"][graph]}).drop_duplicates(["tid", "start"])
+    parts = []
+    for block in api.blocks():
+        graph = block["kind"] == 0
+        parts.append(pd.DataFrame({"tid": block["tid"][graph], "start": block["start"][graph],
+                                   "dur": block["end"][graph] - block["start"][graph]}))
+    return pd.concat(parts, ignore_index=True).drop_duplicates(["tid", "start"])
 
 
 @dataclass
@@ -330,23 +334,20 @@ class _DeviceTally:
         return stats
 
 
-CALLS_PER_PART = 1 << 20  # calls assigned to steps at a time: the search's temporaries stay a part's
-
-
-def _calls_per_step(st, api: dict) -> np.ndarray | None:
-    """Array steps x (graph, kernel, memory, sync, sync_ns) of CUDA API calls; None without recorded calls.
+def _calls_per_step(st, api) -> np.ndarray | None:
+    """Array steps x (graph, kernel, memory, sync, sync_ns) of CUDA API calls (the reader's host_calls(), a block at
+    a time); None without recorded calls.
 
     A call belongs to the step whose interval on its thread holds the call's start (Steps.assign), as GPU work
     belongs to the step of its launch (`st`: the budget's steps)."""
     n = len(st)
-    if n == 0 or not len(api["kind"]):
+    if n == 0 or not len(api):
         return None
     counts = np.zeros((n, 5), dtype=np.float64)  # integers, and sums of integer ns far below 2**53: exact
-    for lo in range(0, len(api["kind"]), CALLS_PER_PART):
-        part = slice(lo, lo + CALLS_PER_PART)
-        step = st.assign(api["tid"][part], api["start"][part])
+    for block in api.blocks():
+        step = st.assign(block["tid"], block["start"])
         ok = step >= 0
-        step, kind, dur = step[ok], api["kind"][part][ok], (api["end"][part] - api["start"][part])[ok]
+        step, kind, dur = step[ok], block["kind"][ok], (block["end"] - block["start"])[ok]
         for k in range(4):
             counts[:, k] += np.bincount(step[kind == k], minlength=n)[:n]
         counts[:, 4] += np.bincount(step[kind == 3], weights=dur[kind == 3], minlength=n)[:n]

@@ -21,6 +21,7 @@ from profattr.errors import ProfattrError
 from profattr.report import host_gaps
 from profattr.report.charts import IDLE_COLOR, OTHER_COLOR, PALETTE, _plt, _save, chosen_categories, safe_label
 from profattr.text import clean
+from profattr.trace.calls import WholeCalls
 
 NS_PER_MS = 1e6
 LEGEND_CATEGORIES = 8  # categories named in the step's budget beside the timeline
@@ -48,9 +49,9 @@ def choose_step(budget, device: int, spec="median") -> int:
     return step
 
 
-def step_view(budget, device: int, step: int, api: dict, ranges) -> dict:
+def step_view(budget, device: int, step: int, api, ranges) -> dict:
     """What the timeline draws for one step of one device (times in ns from the step's start), from the budget's
-    attribution."""
+    attribution; `api`: the reader's host_calls()."""
     att = budget.attribution
     ops = att.ops
     idx = np.flatnonzero((ops.device == device) & (att.step == step))
@@ -59,16 +60,18 @@ def step_view(budget, device: int, step: int, api: dict, ranges) -> dict:
     return view_of(budget, device, step, ops.take(idx), category, att.steps, api, ranges)
 
 
-def view_of(budget, device: int, step: int, ops, category: np.ndarray, steps, api: dict, ranges) -> dict:
+def view_of(budget, device: int, step: int, ops, category: np.ndarray, steps, api, ranges) -> dict:
     """step_view from the step's ops (trace/ops.py Ops, in start order) and their categories; `steps`: the
     budget's steps (the step's thread, and the ranges that enclose a step)."""
     row = budget.per_step[(budget.per_step["device"] == device) & (budget.per_step["step"] == step)].iloc[0]
     origin, end = int(row["start_ns"]), int(row["end_ns"])
     gs, ge = host_gaps.idle_intervals(np.zeros(len(ops), dtype=np.int64), ops.start, ops.end)
     tid = int(steps.tid[step]) if steps.source != "whole" else -1
-    calls = (api["tid"] == tid) & (api["end"] > origin) & (api["start"] < end) if len(api["kind"]) else None
-    host = {k: (api[k][calls] - (origin if k != "kind" else 0)) if calls is not None else np.zeros(0, np.int64)
-            for k in ("start", "end", "kind")}
+    # the calls of the step's span (any thread): the ones that can overlap its gaps, which lie inside it
+    near = api.between(origin, end)
+    near = {k: v[(near["end"] > origin) & (near["start"] < end)] for k, v in near.items()}
+    calls = near["tid"] == tid
+    host = {k: near[k][calls] - (origin if k != "kind" else 0) for k in ("start", "end", "kind")}
     nvtx = []
     if ranges is not None and len(ranges):
         leaf = host_gaps.leaf_ranges(ranges) & ~host_gaps.enclosing_steps(ranges, steps)
@@ -76,9 +79,7 @@ def view_of(budget, device: int, step: int, ops, category: np.ndarray, steps, ap
                    & (ranges["start"].to_numpy(np.int64) < end)]
         nvtx = [(int(s) - origin, int(e) - origin, host_gaps.label(clean(str(t)), 40))
                 for s, e, t in zip(r["start"], r["end"], r["text"])]
-    # the host activity in the step's gaps, which lie inside its span: the calls of that span only (any thread)
-    near = (api["end"] > origin) & (api["start"] < end) if len(api["kind"]) else slice(None)
-    activity = host_gaps.host_activity(gs, ge, {k: v[near] for k, v in api.items()}, ranges, steps, 1)
+    activity = host_gaps.host_activity(gs, ge, WholeCalls(near), ranges, steps, 1)
     per_cat: dict = {}
     for c, ns in zip(category, (ops.end - ops.start).tolist()):
         per_cat[c] = per_cat.get(c, 0) + ns
@@ -100,7 +101,7 @@ def capture_views(budget, spec="median", source=None) -> list:
     if source is None:
         with open_trace(budget.path) as opened:
             return capture_views(budget, spec, opened)
-    api = source.api_calls()
+    api = source.host_calls()
     ranges = source.ranges()
     return [step_view(budget, int(d["device"]), choose_step(budget, int(d["device"]), spec), api, ranges)
             for d in budget.devices]

@@ -41,7 +41,7 @@ def window_views(budget, source, ruleset, timeline_step="median") -> Views | Non
     windows = source.time_windows()
     if windows is None:
         return None
-    api, ranges = source.api_calls(), source.ranges()
+    api, ranges = source.host_calls(), source.ranges()
     launches = LaunchTally(budget, source, w.steps, api, ranges)
     facts = OpFacts(FirstCalls())  # the ops in start order: the first-call check's figures too
     kernels = KernelSteps(budget, source)

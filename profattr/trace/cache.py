@@ -179,6 +179,9 @@ class StoreSource:
     def fold_api_keys(self, start):
         return self.export.fold_api_keys(start)
 
+    def host_calls(self):
+        return self.export.host_calls()
+
     def record_span(self) -> tuple:
         return self.export.record_span()
 

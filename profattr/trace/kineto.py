@@ -396,6 +396,11 @@ class KinetoTrace:
         acc.add(self._api_arrays["key"])
         return acc
 
+    def host_calls(self):
+        from profattr.trace.calls import WholeCalls
+
+        return WholeCalls(self.api_calls())
+
     def api_calls(self) -> dict:
         a = self._api_arrays
         kinds = self._api_kinds()

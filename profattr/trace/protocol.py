@@ -53,6 +53,10 @@ class Reader(Protocol):
     def api_calls(self) -> dict:
         """CUDA calls that launch, copy or wait: arrays tid, start, end, kind (0 graph, 1 kernel, 2 memory, 3 sync)."""
 
+    def host_calls(self):
+        """api_calls() in start order as a trace/calls.py ApiCalls (blocks(), between(lo, hi), counts), read once;
+        for a long capture held a few blocks at a time."""
+
     def fold_api_keys(self, start):
         """`start()`, an accumulator, given (`.add(keys)`) the keys process << 32 | correlationId of every recorded
         CUDA call a block at a time, in any order; returns it."""

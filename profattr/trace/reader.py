@@ -18,6 +18,7 @@ from profattr import inputs
 from profattr.inputs import run_json_path  # noqa: F401 (NAME.run.json: inputs.py)
 from profattr.errors import ProfattrError
 # the table names, queries/ and DamagedValues live in nsys_sqlite.py (below the table readers); importable here too
+from profattr.trace import calls as call_sets
 from profattr.trace import fetch
 from profattr.trace.nsys_sqlite import (KERNEL, MEMCPY, MEMSET, NVTX, QUERIES_DIR, RUNTIME,  # noqa: F401
                                         DamagedValues, load_query)
@@ -39,6 +40,7 @@ class Export:
     claims: object = field(default=None, repr=False)  # validate.Claims: what the arrays below were checked for
     _rows_checked: bool = field(default=False, repr=False)  # validate.hide_damaged_rows has run
     _api_calls: dict | None = field(default=None, repr=False)  # api_calls(), read once (the checks and views ask)
+    _host_calls: object = field(default=None, repr=False)  # host_calls(), read once
     format = "nsys"
 
     def __post_init__(self):
@@ -158,6 +160,19 @@ class Export:
                 values.setflags(write=False)
             self._api_calls = calls
         return dict(self._api_calls)
+
+    def host_calls(self):
+        """api_calls() as a calls.ApiCalls (trace/calls.py) in start order, read once: spilled to a temporary file a block at a
+        time when the CUDA-call table is long (more than calls.WHOLE_ROWS rows) and in start order, else whole."""
+        if self._host_calls is None:
+            spilled = None
+            if self._api_calls is None and (self.rows_at_most(RUNTIME) or 0) > call_sets.WHOLE_ROWS:
+                names = ["tid", "start", "end", "kind"]
+                spilled = self._read(lambda: call_sets.SpilledCalls.of(self.claims.events_in_parts(
+                    (dict(zip(names, block)) for block in self.blocks_by_rows(
+                        RUNTIME, "r", "api_calls", len(names), fetch.threads())), "api_calls")))
+            self._host_calls = spilled if spilled is not None else call_sets.WholeCalls(self.api_calls())
+        return self._host_calls
 
     def cpu_samples(self) -> dict | None:
         """CPU samples (trace/nsys_samples.py): arrays tid, start, leaf_symbol, leaf_module, py_symbol, py_module
@@ -295,6 +310,9 @@ class Export:
         return [{k: _text(v) if isinstance(v, bytes) else v for k, v in zip(wanted, row)} for row in rows]
 
     def close(self) -> None:
+        if self._host_calls is not None:
+            self._host_calls.close()
+            self._host_calls = None
         if self._adbc is not None:
             self._adbc.close()
             self._adbc = None

@@ -387,16 +387,34 @@ class Claims:
         """Arrays with `start` (and `end`): rows inside the time range (and ending at or after their start)."""
         if arrays is None or len(arrays["start"]) == 0:
             return arrays
+        kept, dropped = self._events(arrays)
+        self._record_events(what, dropped)
+        return kept
+
+    def events_in_parts(self, parts, what: str):
+        """events() of arrays that come a part at a time: each part's rows kept, the rows left out counted once
+        over all parts (when the last one has come)."""
+        dropped = 0
+        for arrays in parts:
+            if len(arrays["start"]):
+                arrays, n = self._events(arrays)
+                dropped += n
+            yield arrays
+        self._record_events(what, dropped)
+
+    def _events(self, arrays: dict) -> tuple:
         lo, hi = self.window()
         start = arrays["start"]
         keep = (start >= lo) & (start <= hi)
         if "end" in arrays:
             keep &= (arrays["end"] >= start) & (arrays["end"] <= hi)
         if keep.all():
-            return arrays
+            return arrays, 0
+        return {k: v[keep] for k, v in arrays.items()}, int((~keep).sum())
+
+    def _record_events(self, what: str, dropped: int) -> None:
         self.record(self.names[what], f"{what.replace('_', ' ')}: a time outside the capture or end before start",
-                    int((~keep).sum()))
-        return {k: v[keep] for k, v in arrays.items()}
+                    dropped)
 
 
 def session_of(export) -> tuple | None:
