@@ -83,6 +83,7 @@ def _pass(source, store, steps, ranges, patterns, combos: Combos, remap=None, as
                   placement.t_ns, placement.status, step >= 0)
         if not totals.in_order:
             return None
+        del ops, step, placement, gemm, reg  # not held while the next window is read
     final, frame = combos.finish()
     per_step, table, per_combo, outside = totals.finish(final, frame)
     budget = B.assemble(source, steps, counts.method(ranges), frame, per_step, table, per_combo, outside,

@@ -52,6 +52,7 @@ def window_views(budget, source, ruleset, timeline_step="median") -> Views | Non
         facts.add(ops)
         kernels.add(ops, step)
         chosen.add(ops, step)
+        del ops, step  # not held while the next window is read
     kernels.finish()
     views = [view_of(budget, device, s, ops, category, w.steps, api, ranges)
              for device, s, ops, category in chosen.finish()]

@@ -99,7 +99,9 @@ class OpStore:
         for i, (lo, hi) in enumerate(row_bounds):
             parts = [self.ops(lo, hi)] + [self.ops(int(b[i]), int(b[i + 1])) for b in others]
             parts = [p for p in parts if len(p)] or parts[:1]
-            yield concat_ops(parts) if len(parts) > 1 else parts[0]
+            ops = concat_ops(parts) if len(parts) > 1 else parts[0]
+            del parts  # not held while the window is worked on: one copy of it, not two
+            yield ops
 
     def kernel_configs(self) -> "dict | None":
         """Every kernel row's device, name (demangled id), grid x/y/z, block x/y/z, start and duration, as
