@@ -19,7 +19,7 @@ import warnings
 import click
 
 from profattr import __version__
-from profattr.errors import ProfattrError, reset_warnings, warnings_to_stderr
+from profattr.errors import ProfattrError, command_warnings, reset_warnings
 from profattr.text import clean
 
 # command name -> "module:attribute"
@@ -95,9 +95,8 @@ def run_guarded(invoke) -> int:
     reset_warnings()
     inputs.reset()
     debug = debugging()
-    previous = warnings_to_stderr(True)
     try:
-        with warnings.catch_warnings():
+        with command_warnings(), warnings.catch_warnings():
             if not debug:
                 warnings.simplefilter("ignore")
             rv = invoke()
@@ -140,8 +139,6 @@ def run_guarded(invoke) -> int:
         click.echo(f"error: internal error: {type(exc).__name__}: {message} (PROFATTR_DEBUG=1 for the traceback)",
                    err=True)
         return 1
-    finally:
-        warnings_to_stderr(previous)
 
 
 class ProfattrGroup(LazyGroup):

@@ -7,7 +7,9 @@ per call (api.py forgets the messages said at the start of each call)."""
 from __future__ import annotations
 
 import sys
+import threading
 import warnings
+from contextlib import contextmanager
 
 from profattr.text import clean
 
@@ -84,3 +86,25 @@ def warnings_to_stderr(on: bool) -> bool:
     global _to_stderr
     previous, _to_stderr = _to_stderr, bool(on)
     return previous
+
+
+_commands = [0]  # CLI commands running in this process (threads of one process may each run one)
+_commands_lock = threading.Lock()
+
+
+@contextmanager
+def command_warnings():
+    """While a CLI command runs, warn() says its lines on stderr; after the last running command ends, as Python
+    warnings again. Counted, not saved and restored: two commands on two threads that end in any order leave the
+    library's warnings as they were."""
+    global _to_stderr
+    with _commands_lock:
+        _commands[0] += 1
+        _to_stderr = True
+    try:
+        yield
+    finally:
+        with _commands_lock:
+            _commands[0] -= 1
+            if not _commands[0]:
+                _to_stderr = False

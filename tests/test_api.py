@@ -141,3 +141,21 @@ def test_classify_with_user_rules_runs_on_re2(tmp_path):
     (tmp_path / "back.toml").write_text('[[rule]]\nid = "mine.back"\ncategory = "norm"\npattern = "(a)\\\\1"\n')
     with pytest.raises(profattr.ProfattrError, match=r"back\.toml:4.*RE2"):
         profattr.classify(["aa"], rules=[tmp_path / "back.toml"])
+
+
+def test_commands_ending_out_of_order_leave_library_warnings_as_python_warnings():
+    """Two CLI commands on two threads of one process (the second starting before the first ends, the first ending
+    first): warnings go to stderr while either runs, and to Python's warnings once both have ended. Saving and
+    restoring the setting per command left it on stderr for every later library call."""
+    from profattr import errors
+
+    first, second = errors.command_warnings(), errors.command_warnings()
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)
+    assert errors._to_stderr  # the second still runs
+    second.__exit__(None, None, None)
+    assert not errors._to_stderr
+    errors.reset_warnings()
+    with pytest.warns(profattr.errors.ProfattrWarning, match="said as a warning"):
+        errors.warn("said as a warning")
